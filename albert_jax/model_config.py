@@ -1,0 +1,172 @@
+"""The model's hyperparameters as a frozen, validated dataclass.
+
+Configs on the command line are ml-collections `ConfigDict`s; the model takes
+this plain dataclass (`ModelConfig(**config.model)`) so that the model module
+has no dependency beyond JAX and Flax, and so that a bad value is refused with
+a message before anything is traced. Field names follow HF transformers'
+`AlbertConfig`, so a user moving from there recognises every one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import jax.numpy as jnp
+
+SHARE_MODES = ("all", "attention", "ffn", "none")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+           "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """ALBERT / BERT encoder hyperparameters.
+
+  Attributes:
+    share: which layer parameters are shared across depth (paper Table 4):
+      "all" (ALBERT), "attention", "ffn", or "none" (BERT). Shared parameters
+      follow the official group mapping (`num_hidden_groups`,
+      `inner_group_num`); unshared ones get one copy per applied layer.
+    embedding_projection: ALBERT's E→H `embedding_hidden_mapping_in`. BERT
+      has none and needs `embedding_size == hidden_size`.
+    dtype: compute dtype; parameters stay in `param_dtype`.
+    remat: rematerialisation policy of each layer in the scan.
+  """
+  vocab_size: int = 30000
+  embedding_size: int = 128
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  num_hidden_groups: int = 1
+  inner_group_num: int = 1
+  hidden_act: str = "gelu_new"
+  hidden_dropout_prob: float = 0.0
+  attention_probs_dropout_prob: float = 0.0
+  classifier_dropout_prob: float = 0.1
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  share: str = "all"
+  embedding_projection: bool = True
+  num_sentence_labels: int = 2
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention_impl: str = "auto"
+  remat: str = "none"
+
+  def __post_init__(self):
+    def fail(msg):
+      raise ValueError(f"Invalid model config: {msg}")
+    for name in ("vocab_size", "embedding_size", "hidden_size",
+                 "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "num_hidden_groups", "inner_group_num",
+                 "max_position_embeddings", "type_vocab_size",
+                 "num_sentence_labels"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        fail(f"model.{name} must be a positive integer, got {value!r}.")
+    if self.hidden_size % self.num_attention_heads:
+      fail(f"model.hidden_size ({self.hidden_size}) must be divisible by "
+           f"model.num_attention_heads ({self.num_attention_heads}).")
+    if self.share not in SHARE_MODES:
+      fail(f"model.share={self.share!r}; choose one of {SHARE_MODES}.")
+    if self.num_hidden_groups > self.num_hidden_layers:
+      fail(f"model.num_hidden_groups ({self.num_hidden_groups}) exceeds "
+           f"model.num_hidden_layers ({self.num_hidden_layers}).")
+    if self.share == "none" and self.num_hidden_groups != 1:
+      fail("model.share='none' gives every layer its own parameters, so "
+           "model.num_hidden_groups must be 1 (groups only apply to shared "
+           "parameters).")
+    if not self.embedding_projection and (
+        self.embedding_size != self.hidden_size):
+      fail(f"without model.embedding_projection the embedding size "
+           f"({self.embedding_size}) must equal hidden_size "
+           f"({self.hidden_size}); set model.embedding_projection=True for "
+           "a factorised (ALBERT) embedding.")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        fail(f"model.{name}={getattr(self, name)!r}; choose one of "
+             f"{sorted(_DTYPES)}.")
+    if self.remat not in REMAT_POLICIES:
+      fail(f"model.remat={self.remat!r}; choose one of {REMAT_POLICIES}.")
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob",
+                 "classifier_dropout_prob"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        fail(f"model.{name} must be in [0, 1), got {getattr(self, name)}.")
+    # Checked here so a typo fails at config time, not at the first trace.
+    from albert_jax import layers  # pylint: disable=g-import-not-at-top
+    from albert_jax.ops import attention  # pylint: disable=g-import-not-at-top
+    layers.activation(self.hidden_act)
+    if self.attention_impl not in attention.IMPLEMENTATIONS:
+      fail(f"model.attention_impl={self.attention_impl!r}; choose one of "
+           f"{attention.IMPLEMENTATIONS}.")
+
+  @classmethod
+  def from_dict(cls, values: Any) -> "ModelConfig":
+    """Builds from a mapping (a ConfigDict's `model` or a JSON dict).
+
+    Unknown keys are refused with the closest valid names, because a silently
+    ignored hyperparameter is a wrong experiment.
+    """
+    values = dict(values)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+      hints = []
+      for k in unknown:
+        close = difflib.get_close_matches(k, names, n=3)
+        hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)"
+                                  if close else ""))
+      raise ValueError("Unknown model config keys: " + "; ".join(hints))
+    return cls(**values)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def parameter_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def num_steps(self) -> int:
+    """Blocks applied in one forward pass: each layer runs its whole group."""
+    return self.num_hidden_layers * self.inner_group_num
+
+  def is_shared(self, component: str) -> bool:
+    """Whether "attention" or "ffn" parameters are shared across depth."""
+    return self.share in ("all", component)
+
+  def num_copies(self, component: str) -> int:
+    """Distinct parameter sets stored for a component (its stack's length)."""
+    if self.is_shared(component):
+      return self.num_hidden_groups * self.inner_group_num
+    return self.num_steps
+
+  def copy_index(self, component: str) -> list[int]:
+    """For each applied block, which stored copy of `component` it uses.
+
+    Shared components follow the official mapping: layer l belongs to group
+    int(l / (L / G)) and applies that group's `inner_group_num` blocks.
+    """
+    if not self.is_shared(component):
+      return list(range(self.num_steps))
+    layers, groups = self.num_hidden_layers, self.num_hidden_groups
+    index = []
+    for layer in range(layers):
+      group = int(layer / (layers / groups))
+      for inner in range(self.inner_group_num):
+        index.append(group * self.inner_group_num + inner)
+    return index

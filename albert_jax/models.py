@@ -1,0 +1,326 @@
+"""ALBERT and its BERT-family relatives as pure Flax linen modules.
+
+One encoder serves every sharing strategy. Layer parameters live in two
+stacks, `encoder/attention` and `encoder/ffn`, each with a leading `layers`
+axis holding as many copies as the strategy stores (1 for ALBERT, L for BERT).
+A single `nn.scan` walks the applied blocks: an unshared stack is scanned over
+(slice i for block i), a shared stack is broadcast to every iteration and
+indexed by the official group mapping. Depth therefore never unrolls into the
+graph, and BERT is `share="none"` of the same code.
+
+Shapes: B batch, T sequence, H hidden, E embedding, V vocab, P predictions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax import layers
+from albert_jax.model_config import ModelConfig
+from albert_jax.ops import attention as attention_ops
+
+HEADS = ("mlm", "sop")
+
+
+def _constrain(x, names):
+  return nn.with_logical_constraint(x, names)
+
+
+class Embeddings(nn.Module):
+  """word + position + token type → LayerNorm → dropout, all of width E."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    self.word_embeddings = layers.Embed(
+        cfg.vocab_size, cfg.embedding_size, axes=("vocab", "embedding"), **kw)
+    self.position_embeddings = layers.Embed(
+        cfg.max_position_embeddings, cfg.embedding_size,
+        axes=("position", "embedding"), **kw)
+    self.token_type_embeddings = layers.Embed(
+        cfg.type_vocab_size, cfg.embedding_size,
+        axes=("token_type", "embedding"), **kw)
+    self.layer_norm = layers.LayerNorm(
+        cfg.layer_norm_eps, axis_name="embedding", dtype=cfg.compute_dtype,
+        param_dtype=cfg.parameter_dtype)
+    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+  def __call__(self, input_ids, token_type_ids, position_ids, deterministic):
+    """[B, T] ids → [B, T, E]."""
+    x = self.word_embeddings(input_ids)
+    x = x + self.position_embeddings(position_ids)
+    x = x + self.token_type_embeddings(token_type_ids)
+    x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    return _constrain(x, ("batch", "length", "embedding"))
+
+  def attend(self, x):
+    """[..., E] → [..., V] against the word embedding table."""
+    return self.word_embeddings.attend(x)
+
+
+class AttentionBlock(nn.Module):
+  """Self-attention → dense → dropout → residual + LayerNorm (post-LN)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, segment_ids, deterministic):
+    """[B, T, H] → [B, T, H]; `segment_ids` [B, T], 0 = padding."""
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    heads = (cfg.num_attention_heads, cfg.head_dim)
+    qkv_axes = ("embed", "heads", "kv")
+    q = layers.Dense(heads, qkv_axes, name="query", **kw)(x)
+    k = layers.Dense(heads, qkv_axes, name="key", **kw)(x)
+    v = layers.Dense(heads, qkv_axes, name="value", **kw)(x)
+    q, k, v = (_constrain(t, ("batch", "length", "heads", "kv"))
+               for t in (q, k, v))
+    dropout = cfg.attention_probs_dropout_prob
+    needs_rng = not deterministic and dropout > 0.0
+    context = attention_ops.dot_product_attention(
+        q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
+        dropout_rng=self.make_rng("dropout") if needs_rng else None,
+        deterministic=deterministic, impl=cfg.attention_impl)
+    y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
+                     name="output", **kw)(context)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.parameter_dtype,
+                         name="layer_norm")(x + y)
+    return _constrain(y, ("batch", "length", "embed"))
+
+
+class FFNBlock(nn.Module):
+  """dense → activation → dense → dropout → residual + LayerNorm."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic):
+    """[B, T, H] → [B, T, H]."""
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
+                     name="intermediate", **kw)(x)
+    y = layers.activation(cfg.hidden_act)(y)
+    y = _constrain(y, ("batch", "length", "mlp"))
+    y = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
+                     **kw)(y)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.parameter_dtype,
+                         name="layer_norm")(x + y)
+    return _constrain(y, ("batch", "length", "embed"))
+
+
+def _stack_init(block: nn.Module, copies: int, hidden_size: int):
+  """Initialiser for `copies` independent sets of `block`'s parameters.
+
+  Returns a pytree whose leaves carry a leading `layers` axis of size
+  `copies`, with that axis added to their logical names.
+  """
+  def init(rng):
+    dummy = jnp.zeros((1, 1, hidden_size), jnp.float32)
+    def one(key):
+      args = (dummy, None, True) if isinstance(block, AttentionBlock) else (
+          dummy, True)
+      return block.init(key, *args)["params"]
+    stacked = jax.vmap(one)(jax.random.split(rng, copies))
+    return nn.meta.add_axis(stacked, 0, {nn.PARTITION_NAME: "layers"})
+  return init
+
+
+class _Step(nn.Module):
+  """One applied block (attention then FFN) with its parameters handed in."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, h, xs, shared, segment_ids, deterministic):
+    cfg = self.config
+    step_params, copy_index = xs
+    params = {}
+    for name in ("attention", "ffn"):
+      if name in shared:
+        stack = shared[name]
+        if cfg.num_copies(name) == 1:
+          params[name] = jax.tree.map(lambda p: p[0], stack)
+        else:
+          params[name] = jax.tree.map(
+              lambda p, i=copy_index[name]: jax.lax.dynamic_index_in_dim(
+                  p, i, keepdims=False), stack)
+      else:
+        params[name] = step_params[name]
+    rngs = None if deterministic else {"dropout": self.make_rng("dropout")}
+    h = AttentionBlock(cfg, parent=None).apply(
+        {"params": params["attention"]}, h, segment_ids, deterministic,
+        rngs=rngs)
+    rngs = None if deterministic else {"dropout": self.make_rng("dropout")}
+    h = FFNBlock(cfg, parent=None).apply(
+        {"params": params["ffn"]}, h, deterministic, rngs=rngs)
+    return h, None
+
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Encoder(nn.Module):
+  """Optional E→H projection, then `num_steps` post-LN blocks in one scan."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, segment_ids, deterministic):
+    """[B, T, E] → [B, T, H]."""
+    cfg = self.config
+    if cfg.embedding_projection:
+      x = layers.Dense((cfg.hidden_size,), ("embedding", "embed"),
+                       init_range=cfg.initializer_range,
+                       dtype=cfg.compute_dtype,
+                       param_dtype=cfg.parameter_dtype,
+                       name="embedding_hidden_mapping_in")(x)
+    x = _constrain(x, ("batch", "length", "embed"))
+    stacks = {
+        "attention": self.param(
+            "attention", _stack_init(AttentionBlock(cfg, parent=None),
+                                     cfg.num_copies("attention"),
+                                     cfg.hidden_size)),
+        "ffn": self.param(
+            "ffn", _stack_init(FFNBlock(cfg, parent=None),
+                               cfg.num_copies("ffn"), cfg.hidden_size)),
+    }
+    shared = {k: v for k, v in stacks.items() if cfg.is_shared(k)}
+    scanned = {k: v for k, v in stacks.items() if not cfg.is_shared(k)}
+    copy_index = {k: jnp.asarray(np.asarray(cfg.copy_index(k), np.int32))
+                  for k in shared}
+    step = _Step
+    if cfg.remat != "none":
+      step = nn.remat(step, policy=_REMAT[cfg.remat], prevent_cse=False,
+                      static_argnums=(5,))
+    scan = nn.scan(step, variable_broadcast=False,
+                   split_rngs={"dropout": True},
+                   in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                   length=cfg.num_steps)
+    x, _ = scan(cfg, name="layers")(x, (scanned, copy_index), shared,
+                                    segment_ids, deterministic)
+    return x
+
+
+class MLMHead(nn.Module):
+  """dense H→E → activation → LayerNorm → x·Wordᵀ + output_bias."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, embeddings: Embeddings):
+    """[..., H] → [..., V], tied to `embeddings`' word table."""
+    cfg = self.config
+    y = layers.Dense((cfg.embedding_size,), ("embed", "embedding"),
+                     init_range=cfg.initializer_range,
+                     dtype=cfg.compute_dtype,
+                     param_dtype=cfg.parameter_dtype, name="transform")(x)
+    y = layers.activation(cfg.hidden_act)(y)
+    y = layers.LayerNorm(cfg.layer_norm_eps, axis_name="embedding",
+                         dtype=cfg.compute_dtype,
+                         param_dtype=cfg.parameter_dtype,
+                         name="layer_norm")(y)
+    logits = embeddings.attend(y)
+    bias = self.param("output_bias",
+                      nn.with_logical_partitioning(nn.initializers.zeros,
+                                                   ("vocab",)),
+                      (cfg.vocab_size,), cfg.parameter_dtype)
+    return logits + bias.astype(logits.dtype)
+
+
+def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
+  """[B, T, H] at [B, P] int positions → [B, P, H]."""
+  return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class Albert(nn.Module):
+  """The encoder with its pooler and pre-training heads.
+
+  Attributes:
+    config: the model's hyperparameters.
+    pooler: build the [CLS] pooler (dense + tanh).
+    heads: which of "mlm" (tied masked-LM head) and "sop" (2-way sentence
+      head on the pooler: SOP for ALBERT, NSP for BERT) to build.
+  """
+  config: ModelConfig
+  pooler: bool = True
+  heads: tuple[str, ...] = HEADS
+
+  def setup(self):
+    unknown = set(self.heads) - set(HEADS)
+    if unknown:
+      raise ValueError(f"Unknown heads {sorted(unknown)}; choose from {HEADS}.")
+    if "sop" in self.heads and not self.pooler:
+      raise ValueError("The 'sop' head reads the pooled output; keep pooler.")
+
+  @nn.compact
+  def __call__(self,
+               input_ids: jax.Array,
+               token_type_ids: jax.Array | None = None,
+               attention_mask: jax.Array | None = None,
+               position_ids: jax.Array | None = None,
+               masked_positions: jax.Array | None = None,
+               deterministic: bool = True) -> dict[str, Any]:
+    """Runs the model.
+
+    Args:
+      input_ids: [B, T] int token ids.
+      token_type_ids: [B, T] segment A/B ids (default zeros).
+      attention_mask: [B, T] int; 0 = padding. Values > 1 mark packed
+        sequences: a token attends only to tokens with the same value.
+      position_ids: [B, T] (default 0..T-1; restart them per packed sequence).
+      masked_positions: [B, P] int. If given, MLM logits are computed only
+        at these positions ([B, P, V]); otherwise at all positions.
+      deterministic: False enables dropout (needs the "dropout" rng).
+
+    Returns:
+      dict with "sequence_output" [B, T, H], and where built
+      "pooled_output" [B, H], "mlm_logits" [B, T or P, V], "sop_logits" [B, 2].
+    """
+    cfg = self.config
+    batch, length = input_ids.shape
+    if length > cfg.max_position_embeddings:
+      raise ValueError(
+          f"Sequence length {length} exceeds max_position_embeddings "
+          f"{cfg.max_position_embeddings}.")
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    if attention_mask is None:
+      attention_mask = jnp.ones_like(input_ids)
+    segment_ids = attention_mask.astype(jnp.int32)
+
+    embeddings = Embeddings(cfg, name="embeddings")
+    x = embeddings(input_ids, token_type_ids, position_ids, deterministic)
+    x = Encoder(cfg, name="encoder")(x, segment_ids, deterministic)
+    out = {"sequence_output": x}
+    if self.pooler:
+      pooled = layers.Dense((cfg.hidden_size,), ("embed", "embed_out"),
+                            init_range=cfg.initializer_range,
+                            dtype=cfg.compute_dtype,
+                            param_dtype=cfg.parameter_dtype,
+                            name="pooler")(x[:, 0])
+      out["pooled_output"] = jnp.tanh(pooled)
+    if "mlm" in self.heads:
+      hidden = x if masked_positions is None else gather_positions(
+          x, masked_positions)
+      out["mlm_logits"] = MLMHead(cfg, name="mlm")(hidden, embeddings)
+    if "sop" in self.heads:
+      out["sop_logits"] = layers.Dense(
+          (cfg.num_sentence_labels,), ("embed", "classes"),
+          init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+          param_dtype=cfg.parameter_dtype, name="sop")(out["pooled_output"])
+    return out

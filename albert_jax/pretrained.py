@@ -1,0 +1,251 @@
+"""`load_pretrained`: one call from a checkpoint directory to a usable model.
+
+Accepts a directory written by transformers' `save_pretrained` for
+`AlbertForPreTraining`, `AlbertForMaskedLM` or `AlbertModel`. Weights are read
+from safetensors; nothing is ever unpickled. A `pytorch_model.bin` is read only
+through `torch.load(weights_only=True)`, which refuses arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax import hf
+from albert_jax import models
+from albert_jax.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be loaded, with what to do about it."""
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  try:
+    return load_file(path)
+  except (SafetensorError, OSError, ValueError) as e:
+    raise CheckpointError(
+        f"{path} is not a readable safetensors file ({e}). It may be "
+        "truncated or corrupt: re-download or re-export it.") from e
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """Tensors of an HF checkpoint directory as NumPy arrays.
+
+  Looks for `model.safetensors`, a sharded `model.safetensors.index.json`, or
+  `pytorch_model.bin` (via `torch.load(weights_only=True)`), in that order.
+  """
+  single = os.path.join(path, "model.safetensors")
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.exists(single):
+    return _read_safetensors(single)
+  if os.path.exists(index):
+    with open(index, encoding="utf-8") as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+    state = {}
+    for name in files:
+      state.update(_read_safetensors(os.path.join(path, name)))
+    return state
+  binary = os.path.join(path, "pytorch_model.bin")
+  if os.path.exists(binary):
+    return _read_torch_bin(binary)
+  raise CheckpointError(
+      f"No weights in {path}: expected model.safetensors, "
+      "model.safetensors.index.json or pytorch_model.bin.")
+
+
+def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
+  how = ("convert it to safetensors once, in an environment you trust: "
+         "`transformers.AutoModel.from_pretrained(dir).save_pretrained(dir, "
+         "safe_serialization=True)`")
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise CheckpointError(
+        f"{path} is a PyTorch pickle and torch is not installed; albert_jax "
+        f"never unpickles without torch's weights_only guard. Install the "
+        f"'hf' extra, or {how}.") from e
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # torch raises UnpicklingError and others
+    raise CheckpointError(
+        f"torch.load(weights_only=True) refused {path}: {e}. It holds more "
+        f"than tensors; {how}.") from e
+  return {k: v.detach().float().numpy() if v.dtype.is_floating_point
+          else v.numpy() for k, v in state.items()}
+
+
+def _abstract_params(cfg: ModelConfig, pooler: bool, heads: tuple[str, ...]):
+  module = models.Albert(cfg, pooler=pooler, heads=heads)
+  shapes = jax.eval_shape(module.init, jax.random.key(0),
+                          jnp.zeros((1, 1), jnp.int32))
+  return module, models_unbox(shapes["params"])
+
+
+def models_unbox(tree):
+  """Strips logical-partitioning boxes, leaving arrays (or shapes)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(tree)
+
+
+def check_shapes(params, expected, what: str) -> None:
+  """Raises CheckpointError listing every path whose shape differs."""
+  flat_got = dict(_flatten(params))
+  flat_want = dict(_flatten(expected))
+  problems = []
+  for key in sorted(set(flat_got) | set(flat_want)):
+    got, want = flat_got.get(key), flat_want.get(key)
+    if got is None:
+      problems.append(f"  {key}: missing (model expects {tuple(want.shape)})")
+    elif want is None:
+      problems.append(f"  {key}: unexpected {tuple(np.shape(got))}")
+    elif tuple(np.shape(got)) != tuple(want.shape):
+      problems.append(f"  {key}: checkpoint {tuple(np.shape(got))}, model "
+                      f"{tuple(want.shape)}")
+  if problems:
+    raise CheckpointError(
+        f"{what} does not fit the model config; mismatched parameters:\n"
+        + "\n".join(problems[:30])
+        + (f"\n  ... and {len(problems) - 30} more" if len(problems) > 30
+           else ""))
+
+
+def _flatten(tree, prefix=""):
+  if isinstance(tree, Mapping):
+    for k, v in tree.items():
+      yield from _flatten(v, f"{prefix}/{k}" if prefix else str(k))
+  else:
+    yield prefix, tree
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded model: its config, parameters, tokenizer and a forward call.
+
+  Attributes:
+    config: the model section as an ml-collections ConfigDict.
+    model_config: the same as a frozen ModelConfig.
+    params: parameter pytree (NumPy or jax arrays).
+    tokenizer: the checkpoint's tokenizer, or None where it has no
+      vocabulary file.
+    heads: the heads the checkpoint holds, of ("mlm", "sop").
+    pooler: whether it holds the [CLS] pooler.
+    missing: parts the checkpoint lacks, by name (never filled randomly).
+  """
+  config: Any
+  model_config: ModelConfig
+  params: Any
+  tokenizer: Any = None
+  heads: tuple[str, ...] = ()
+  pooler: bool = True
+  missing: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    self.module = models.Albert(self.model_config, pooler=self.pooler,
+                                heads=self.heads)
+    self._apply = jax.jit(
+        lambda p, ids, tt, mask: self.module.apply({"params": p}, ids, tt,
+                                                   mask))
+
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
+    """Forward pass.
+
+    Args:
+      input_ids: [B, T] int.
+      token_type_ids: [B, T] int, default zeros.
+      attention_mask: [B, T], 1 = token, 0 = padding; default all ones.
+
+    Returns:
+      dict of "sequence_output" [B, T, H] and, where the checkpoint has them,
+      "pooled_output" [B, H], "mlm_logits" [B, T, V], "sop_logits" [B, 2].
+    """
+    ids = jnp.asarray(input_ids, jnp.int32)
+    tt = (jnp.zeros_like(ids) if token_type_ids is None
+          else jnp.asarray(token_type_ids, jnp.int32))
+    mask = (jnp.ones_like(ids) if attention_mask is None
+            else jnp.asarray(attention_mask, jnp.int32))
+    return self._apply(self.params, ids, tt, mask)
+
+  def to_hf(self, path: str) -> None:
+    """Writes an HF directory (config.json + model.safetensors, and the
+    tokenizer's files if any) that transformers' `from_pretrained` loads."""
+    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+    os.makedirs(path, exist_ok=True)
+    params = jax.tree.map(np.asarray, self.params)
+    state = hf.params_to_hf(params, self.model_config)
+    arch = hf.architecture_for({"mlm": "mlm" in self.heads,
+                                "sop": "sop" in self.heads})
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hf.config_to_hf(self.model_config, arch), f, indent=2)
+    save_file(state, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    if self.tokenizer is not None and hasattr(self.tokenizer, "save"):
+      self.tokenizer.save(path)
+
+
+def _to_config_dict(cfg: ModelConfig):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  return ml_collections.ConfigDict(cfg.to_dict())
+
+
+def load_pretrained(path: str, **overrides) -> Pretrained:
+  """Loads a checkpoint directory.
+
+  Args:
+    path: an HF `save_pretrained` directory of an ALBERT model.
+    **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
+      attention_impl="xla"; shape-defining fields must match the weights.
+
+  Returns:
+    A `Pretrained`. Heads the checkpoint lacks are listed in `.missing` and
+    logged; they are never initialised randomly behind the user's back.
+  """
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{path} is not a directory.")
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise CheckpointError(
+        f"{path} has no config.json; expected a directory written by "
+        "transformers' save_pretrained.")
+  hf_config = hf.read_config(path)
+  try:
+    cfg = hf.config_from_hf(hf_config)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from e
+  if overrides:
+    cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
+  state = read_state_dict(path)
+  try:
+    params, parts = hf.params_from_hf(state, cfg)
+  except KeyError as e:
+    raise CheckpointError(
+        f"{path}: {e.args[0]}; the weights do not match config.json.") from e
+  except ValueError as e:
+    raise CheckpointError(f"{path}: {e}") from e
+  heads = tuple(h for h in models.HEADS if parts[h])
+  _, expected = _abstract_params(cfg, parts["pooler"], heads)
+  check_shapes(params, expected, f"Checkpoint {path}")
+  missing = tuple(name for name, present in (
+      ("pooler", parts["pooler"]), ("mlm", parts["mlm"]),
+      ("sop", parts["sop"])) if not present)
+  if missing:
+    log.warning("%s has no weights for %s; those outputs are not produced "
+                "(nothing is initialised randomly).", path, ", ".join(missing))
+  params = jax.tree.map(
+      lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
+  return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
+                    params=params, tokenizer=None,
+                    heads=heads, pooler=parts["pooler"], missing=missing)
+
