@@ -1,0 +1,115 @@
+"""Shared pieces of the `configs/*.py` files: argument parsing and presets.
+
+A config file is `get_config(arg)` returning an ml-collections ConfigDict, as
+in big_vision; the text after `:` in `--config=configs/x.py:a=1,b=two` is
+`arg`. Field-level overrides come from `--config.model.hidden_size=1024`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import ml_collections
+
+from albert_jax.model_config import ModelConfig
+
+# name: (hidden, layers, heads, ffn). All ALBERT releases: vocab 30000, E=128.
+ALBERT_SIZES = {
+    "base": (768, 12, 12, 3072),
+    "large": (1024, 24, 16, 4096),
+    "xlarge": (2048, 24, 16, 8192),
+    "xxlarge": (4096, 12, 64, 16384),
+}
+BERT_SIZES = {
+    "base": (768, 12, 12, 3072),
+    "large": (1024, 24, 16, 4096),
+}
+
+
+def parse_arg(arg: str | None, **spec: Any) -> ml_collections.ConfigDict:
+  """Parses "k=v,k2=v2" into a ConfigDict typed by `spec`'s defaults.
+
+  A bare `name` means name=True. Unknown names are refused with the closest
+  valid ones, so a typo in `:arg` cannot silently fall back to a default.
+  """
+  result = ml_collections.ConfigDict(dict(spec))
+  if not arg:
+    return result
+  for item in arg.split(","):
+    if not item:
+      continue
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if key not in spec:
+      close = difflib.get_close_matches(key, list(spec), n=3)
+      raise ValueError(
+          f"Unknown config argument {key!r}; valid: {sorted(spec)}"
+          + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    default = spec[key]
+    if not sep:
+      value = "true"
+    if isinstance(default, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"Config argument {key} must be true/false, got "
+                         f"{value!r}.")
+      result[key] = value.lower() in ("true", "1")
+    elif isinstance(default, int):
+      result[key] = int(value)
+    elif isinstance(default, float):
+      result[key] = float(value)
+    else:
+      result[key] = value
+  return result
+
+
+def model_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """The `model` section: every ModelConfig field, defaults then overrides."""
+  values = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  ModelConfig.from_dict({**values, **overrides})  # validate early
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+def albert_model(size: str, version: int = 2) -> ml_collections.ConfigDict:
+  """An official ALBERT release's model section.
+
+  v2 (default) has no dropout and gelu_new; v1 has dropout 0.1 and exact
+  gelu, except xxlarge, which has no dropout in either version.
+  """
+  if size not in ALBERT_SIZES:
+    raise ValueError(f"Unknown ALBERT size {size!r}; choose one of "
+                     f"{sorted(ALBERT_SIZES)}.")
+  if version not in (1, 2):
+    raise ValueError(f"ALBERT version must be 1 or 2, got {version}.")
+  hidden, layers, heads, ffn = ALBERT_SIZES[size]
+  dropout = 0.1 if version == 1 and size != "xxlarge" else 0.0
+  return model_config(
+      vocab_size=30000, embedding_size=128, hidden_size=hidden,
+      num_hidden_layers=layers, num_attention_heads=heads,
+      intermediate_size=ffn, hidden_act="gelu" if version == 1 else "gelu_new",
+      hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+      share="all", embedding_projection=True)
+
+
+def bert_model(size: str) -> ml_collections.ConfigDict:
+  """BERT's model section: no sharing, no factorisation, vocab 30522."""
+  if size not in BERT_SIZES:
+    raise ValueError(f"Unknown BERT size {size!r}; choose one of "
+                     f"{sorted(BERT_SIZES)}.")
+  hidden, layers, heads, ffn = BERT_SIZES[size]
+  return model_config(
+      vocab_size=30522, embedding_size=hidden, hidden_size=hidden,
+      num_hidden_layers=layers, num_attention_heads=heads,
+      intermediate_size=ffn, hidden_act="gelu", hidden_dropout_prob=0.1,
+      attention_probs_dropout_prob=0.1, share="none",
+      embedding_projection=False)
+
+
+def base_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A full config around a model section."""
+  config = ml_collections.ConfigDict()
+  config.model = model
+  config.seed = 0
+  return config
