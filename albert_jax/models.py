@@ -28,7 +28,9 @@ HEADS = ("mlm", "sop")
 
 
 def _constrain(x, names):
-  return nn.with_logical_constraint(x, names)
+  """Activation sharding by logical name; `act_*` names have their own rules
+  so an activation's hidden axis is not split the way a weight's is."""
+  return nn.with_logical_constraint(x, tuple(f"act_{n}" for n in names))
 
 
 class Embeddings(nn.Module):
@@ -157,11 +159,15 @@ class _Step(nn.Module):
                   p, i, keepdims=False), stack)
       else:
         params[name] = step_params[name]
-    rngs = None if deterministic else {"dropout": self.make_rng("dropout")}
+    # Like nn.Dropout, ask for an rng only when some rate is non-zero, so a
+    # dropout-free model runs with deterministic=False and no rngs.
+    needs_rng = not deterministic and (
+        cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0)
+    rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
     h = AttentionBlock(cfg, parent=None).apply(
         {"params": params["attention"]}, h, segment_ids, deterministic,
         rngs=rngs)
-    rngs = None if deterministic else {"dropout": self.make_rng("dropout")}
+    rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
     h = FFNBlock(cfg, parent=None).apply(
         {"params": params["ffn"]}, h, deterministic, rngs=rngs)
     return h, None

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
-def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array) -> jax.Array:
+def segment_mask(q_segment_ids: jax.Array,
+                 kv_segment_ids: jax.Array) -> jax.Array:
   """Boolean attention mask from segment ids.
 
   Args:
@@ -30,6 +31,29 @@ def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array) -> jax.Arr
   q = q_segment_ids[:, :, None]
   kv = kv_segment_ids[:, None, :]
   return ((q == kv) & (kv != 0))[:, None, :, :]
+
+
+def _check_shapes(q, k, v, segment_ids, kv_segment_ids):
+  """Refuses mismatched inputs with a message naming every shape."""
+  shapes = f"got q {q.shape}, k {k.shape}, v {v.shape}"
+  if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+    raise ValueError("q, k, v must be [batch, seq, heads, head_dim] with k "
+                     f"and v of one shape; {shapes}.")
+  if (q.shape[0], q.shape[2:]) != (k.shape[0], k.shape[2:]):
+    raise ValueError("q, k, v must agree in batch, heads and head_dim; "
+                     f"{shapes}.")
+  if segment_ids is None:
+    if kv_segment_ids is not None:
+      raise ValueError("kv_segment_ids needs segment_ids (the queries' ids).")
+    return
+  if segment_ids.shape != q.shape[:2]:
+    raise ValueError(f"segment_ids must be [batch, q_len] = {q.shape[:2]}, "
+                     f"got {segment_ids.shape}.")
+  kv_ids = segment_ids if kv_segment_ids is None else kv_segment_ids
+  if kv_ids.shape != k.shape[:2]:
+    name = "segment_ids" if kv_segment_ids is None else "kv_segment_ids"
+    raise ValueError(f"{name} must be [batch, kv_len] = {k.shape[:2]} for "
+                     f"the keys, got {kv_ids.shape}.")
 
 
 def _xla_attention(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
@@ -94,15 +118,14 @@ def dot_product_attention(
     raise ValueError(
         f"Unknown attention implementation {impl!r}; choose one of "
         f"{IMPLEMENTATIONS} (set model.attention_impl).")
-  if q.ndim != 4 or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
-    raise ValueError(
-        "q, k, v must be [batch, seq, heads, head_dim] with matching heads and"
-        f" head_dim; got q {q.shape}, k {k.shape}, v {v.shape}.")
+  _check_shapes(q, k, v, segment_ids, kv_segment_ids)
   if kv_segment_ids is None:
     kv_segment_ids = segment_ids
   mask = None
   if segment_ids is not None:
     mask = segment_mask(segment_ids, kv_segment_ids)
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   use_dropout = not deterministic and dropout_rate > 0.0
   if use_dropout and dropout_rng is None:
     raise ValueError("Attention dropout needs dropout_rng.")

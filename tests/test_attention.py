@@ -1,0 +1,220 @@
+"""`dot_product_attention` against a plain NumPy reference, plus its contract.
+
+The contract: inputs are [batch, seq, heads, head_dim]; segment id 0 is
+padding and a query attends exactly the keys carrying its own non-zero id;
+rows with no valid key are zeros, never NaN.
+"""
+
+import functools
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from albert_jax.ops import attention
+
+FAST = hypothesis.settings(max_examples=12, deadline=None, derandomize=True,
+                           database=None)
+# Jitted: one compile per shape is far cheaper than op-by-op dispatch, and
+# LLVM's optimisations only cost compile time at these sizes.
+fast_jit = functools.partial(
+    jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+attend = fast_jit(attention.dot_product_attention,
+                  static_argnames=("dropout_rate", "deterministic", "impl"))
+
+
+def reference_attention(q, k, v, q_ids=None, kv_ids=None):
+  """softmax(q kᵀ/√d) v in float64, one query row at a time."""
+  q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+  batch, q_len, heads, depth = q.shape
+  kv_len = k.shape[1]
+  if q_ids is None:
+    q_ids, kv_ids = np.ones((batch, q_len)), np.ones((batch, kv_len))
+  elif kv_ids is None:
+    kv_ids = q_ids
+  out = np.zeros_like(q)
+  for b in range(batch):
+    for i in range(q_len):
+      valid = (kv_ids[b] == q_ids[b, i]) & (kv_ids[b] != 0)
+      if not valid.any():
+        continue
+      for h in range(heads):
+        logits = k[b, valid, h] @ q[b, i, h] / np.sqrt(depth)
+        weights = np.exp(logits - logits.max())
+        out[b, i, h] = weights / weights.sum() @ v[b, valid, h]
+  return out
+
+
+def _qkv(rng, batch, q_len, kv_len, heads, depth, scale=2.0):
+  q = rng.normal(size=(batch, q_len, heads, depth)) * scale
+  k = rng.normal(size=(batch, kv_len, heads, depth)) * scale
+  v = rng.normal(size=(batch, kv_len, heads, depth))
+  return [jnp.asarray(t, jnp.float32) for t in (q, k, v)]
+
+
+def _assert_close(actual, expected, rtol=1e-5):
+  actual = np.asarray(actual, np.float64)
+  assert np.all(np.isfinite(actual))
+  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * 0.1)
+
+
+@FAST
+@hypothesis.given(batch=st.integers(1, 3), length=st.integers(1, 7),
+                  heads=st.integers(1, 3), depth=st.integers(1, 8),
+                  num_segments=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_self_attention_matches_reference(batch, length, heads, depth,
+                                          num_segments, seed):
+  rng = np.random.default_rng(seed)
+  q, k, v = _qkv(rng, batch, length, length, heads, depth)
+  # Ids in 0..num_segments in any order: padding anywhere, several packed
+  # sequences per row, possibly rows of padding only.
+  ids = rng.integers(0, num_segments + 1, size=(batch, length))
+  out = attend(q, k, v, segment_ids=jnp.asarray(ids),
+                                        impl="xla")
+  assert out.shape == q.shape and out.dtype == jnp.float32
+  _assert_close(out, reference_attention(q, k, v, ids))
+
+
+@FAST
+@hypothesis.given(q_len=st.integers(1, 5), kv_len=st.integers(1, 6),
+                  seed=st.integers(0, 2**16))
+def test_cross_attention_with_own_kv_ids_matches_reference(q_len, kv_len, seed):
+  rng = np.random.default_rng(seed)
+  q, k, v = _qkv(rng, 2, q_len, kv_len, 2, 4)
+  q_ids = rng.integers(0, 3, size=(2, q_len))
+  kv_ids = rng.integers(0, 3, size=(2, kv_len))
+  out = attend(
+      q, k, v, segment_ids=jnp.asarray(q_ids),
+      kv_segment_ids=jnp.asarray(kv_ids))
+  _assert_close(out, reference_attention(q, k, v, q_ids, kv_ids))
+
+
+def test_no_segment_ids_attends_everything_and_auto_is_xla():
+  q, k, v = _qkv(np.random.default_rng(0), 2, 5, 5, 3, 4)
+  out = attend(q, k, v)
+  _assert_close(out, reference_attention(q, k, v))
+  np.testing.assert_array_equal(
+      out, attend(q, k, v, impl="xla"))
+
+
+def test_padding_rows_are_exact_zeros_even_with_huge_logits():
+  q, k, v = _qkv(np.random.default_rng(1), 3, 4, 4, 2, 4, scale=1e3)
+  ids = jnp.asarray([[1, 1, 0, 0], [0, 0, 0, 0], [2, 0, 2, 3]])
+  out = np.asarray(attend(q, k, v, segment_ids=ids))
+  assert not np.isnan(out).any()
+  np.testing.assert_array_equal(out[0, 2:], 0.0)
+  np.testing.assert_array_equal(out[1], 0.0)
+  np.testing.assert_array_equal(out[2, 1], 0.0)
+  # A segment of one token attends only itself: output is its own value.
+  np.testing.assert_allclose(out[2, 3], v[2, 3], rtol=1e-6)
+
+
+def test_gradients_finite_and_zero_through_masked_keys():
+  q, k, v = _qkv(np.random.default_rng(2), 2, 5, 5, 2, 3)
+  ids = jnp.asarray([[1, 1, 2, 2, 0], [0, 0, 0, 0, 0]])
+  cotangent = jnp.asarray(
+      np.random.default_rng(3).normal(size=q.shape), jnp.float32)
+
+  def loss(q, k, v, cotangent):
+    out = attention.dot_product_attention(q, k, v, segment_ids=ids)
+    return jnp.sum(out * cotangent)
+
+  grad_fn = fast_jit(jax.grad(loss, argnums=(0, 1, 2)))
+  grads = grad_fn(q, k, v, cotangent)
+  for g in grads:
+    assert np.all(np.isfinite(g))
+    np.testing.assert_array_equal(g[0, 4], 0.0)  # padding key / query
+    np.testing.assert_array_equal(g[1], 0.0)  # all-padding row
+  assert np.abs(grads[1][0, :4]).min() > 0  # valid keys do get gradient
+  # Only segment 1's queries in the loss: segment 2's keys get nothing.
+  only_first = cotangent.at[:, 2:].set(0.0)
+  _, gk, gv = grad_fn(q, k, v, only_first)
+  np.testing.assert_array_equal(gk[0, 2:], 0.0)
+  np.testing.assert_array_equal(gv[0, 2:], 0.0)
+  assert np.abs(gv[0, :2]).min() > 0
+
+
+def test_dropout_contract():
+  q, k, v = _qkv(np.random.default_rng(4), 2, 6, 6, 2, 4)
+  ids = jnp.asarray([[1, 1, 1, 2, 2, 0], [1] * 6])
+
+  def run(**kwargs):
+    return attend(q, k, v, segment_ids=ids, **kwargs)
+
+  clean = run()
+  # deterministic=True ignores the rate and needs no rng.
+  np.testing.assert_array_equal(run(dropout_rate=0.9), clean)
+  np.testing.assert_array_equal(
+      run(dropout_rate=0.9, dropout_rng=jax.random.PRNGKey(0)), clean)
+  # Rate 0 with deterministic=False is the clean output.
+  np.testing.assert_array_equal(run(deterministic=False), clean)
+  key = jax.random.PRNGKey(1)
+  dropped = run(dropout_rate=0.5, dropout_rng=key, deterministic=False)
+  assert np.abs(np.asarray(dropped - clean)).max() > 1e-3
+  np.testing.assert_array_equal(
+      run(dropout_rate=0.5, dropout_rng=key, deterministic=False), dropped)
+  assert not np.array_equal(
+      run(dropout_rate=0.5, dropout_rng=jax.random.PRNGKey(2),
+          deterministic=False), dropped)
+  np.testing.assert_array_equal(np.asarray(dropped)[0, 5], 0.0)  # padding
+  with pytest.raises(ValueError, match="dropout_rng"):
+    run(dropout_rate=0.5, deterministic=False)
+
+
+def test_dropout_is_unbiased():
+  """Kept probabilities are rescaled by 1/(1-rate): the mean is the clean."""
+  q, k, v = _qkv(np.random.default_rng(5), 1, 4, 4, 1, 2, scale=0.5)
+  clean = attend(q, k, v)
+  keys = jax.random.split(jax.random.PRNGKey(0), 4000)
+  samples = fast_jit(jax.vmap(lambda key: attention.dot_product_attention(
+      q, k, v, dropout_rate=0.5, dropout_rng=key, deterministic=False)))(keys)
+  np.testing.assert_allclose(samples.mean(0), clean, atol=0.04)
+
+
+def test_bfloat16_inputs_give_bfloat16_close_to_reference():
+  q, k, v = _qkv(np.random.default_rng(6), 2, 5, 5, 2, 8, scale=1.0)
+  ids = np.asarray([[1, 1, 1, 0, 0], [1, 2, 2, 2, 0]])
+  out = attend(
+      *(t.astype(jnp.bfloat16) for t in (q, k, v)),
+      segment_ids=jnp.asarray(ids))
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float32),
+                             reference_attention(q, k, v, ids), atol=3e-2)
+
+
+@pytest.mark.parametrize("shapes, kwargs, match", [
+    (((2, 4, 8), (2, 4, 8), (2, 4, 8)), {}, r"\[batch, seq, heads"),
+    (((2, 4, 2, 8), (2, 4, 2, 8), (2, 5, 2, 8)), {}, "k and v of one shape"),
+    (((2, 4, 2, 8), (2, 4, 2, 4), (2, 4, 2, 4)), {}, "head_dim"),
+    (((2, 4, 3, 8), (2, 4, 2, 8), (2, 4, 2, 8)), {}, "heads"),
+    (((1, 4, 2, 8), (2, 4, 2, 8), (2, 4, 2, 8)), {}, "batch"),
+    (((2, 4, 2, 8),) * 3, {"segment_ids": (2, 5)}, r"segment_ids must be"),
+    (((2, 3, 2, 8), (2, 4, 2, 8), (2, 4, 2, 8)), {"segment_ids": (2, 3)},
+     r"\[batch, kv_len\]"),
+    (((2, 4, 2, 8),) * 3, {"kv_segment_ids": (2, 4)}, "needs segment_ids"),
+    (((2, 4, 2, 8),) * 3, {"impl": "flash"}, "Unknown attention impl"),
+    (((2, 4, 2, 8),) * 3, {"dropout_rate": 1.0}, r"dropout_rate must be"),
+    (((2, 4, 2, 8),) * 3,
+     {"impl": "cudnn", "dropout_rate": 0.1, "deterministic": False,
+      "dropout_rng": "key"}, "no attention dropout"),
+])
+def test_bad_inputs_raise_clear_value_errors(shapes, kwargs, match):
+  q, k, v = (jnp.zeros(s) for s in shapes)
+  for name in ("segment_ids", "kv_segment_ids"):
+    if name in kwargs:
+      kwargs[name] = jnp.ones(kwargs[name], jnp.int32)
+  if kwargs.get("dropout_rng") == "key":
+    kwargs["dropout_rng"] = jax.random.PRNGKey(0)
+  with pytest.raises(ValueError, match=match):
+    attention.dot_product_attention(q, k, v, **kwargs)
+
+
+def test_segment_mask_by_hand():
+  mask = attention.segment_mask(jnp.asarray([[1, 1, 2, 0]]),
+                                jnp.asarray([[1, 2, 2, 0]]))
+  expected = [[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]]
+  assert mask.shape == (1, 1, 4, 4)
+  np.testing.assert_array_equal(mask[0, 0], np.asarray(expected, bool))
