@@ -26,6 +26,11 @@ BERT_SIZES = {
     "base": (768, 12, 12, 3072),
     "large": (1024, 24, 16, 4096),
 }
+# Small enough that init + a forward pass take well under a second on CPU,
+# yet every dimension differs so a transposed weight cannot go unnoticed.
+TINY = dict(vocab_size=1000, embedding_size=32, hidden_size=64,
+            num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=128)
 
 
 def parse_arg(arg: str | None, **spec: Any) -> ml_collections.ConfigDict:
@@ -105,6 +110,20 @@ def bert_model(size: str) -> ml_collections.ConfigDict:
       intermediate_size=ffn, hidden_act="gelu", hidden_dropout_prob=0.1,
       attention_probs_dropout_prob=0.1, share="none",
       embedding_projection=False)
+
+
+def tiny_model(*, share: str = "all", projection: bool = True,
+               **overrides: Any) -> ml_collections.ConfigDict:
+  """A tiny ALBERT (or, with share="none" and no projection, a tiny BERT).
+
+  Without the E→H projection the embedding width must equal the hidden
+  width, so it follows `hidden_size` rather than making the caller say so.
+  """
+  values = {**TINY, "share": share, "embedding_projection": projection,
+            **overrides}
+  if not projection and "embedding_size" not in overrides:
+    values["embedding_size"] = values["hidden_size"]
+  return model_config(**values)
 
 
 def base_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -1,0 +1,17 @@
+r"""ALBERT-base: 12M parameters, the smallest official ALBERT release.
+
+12 layers, H=768, 12 heads, FFN 3072, E=128, every layer shared.
+
+Argument (`:k=v` after the file name): `version=1|2` (default 2). v1 has
+dropout 0.1 and exact gelu; v2 no dropout and gelu_new (tanh), as released.
+
+  python -m albert_jax.summary --config=configs/albert_base.py
+  python -m albert_jax.summary --config=configs/albert_base.py:version=1
+"""
+
+from albert_jax import config_lib
+
+
+def get_config(arg=None):
+  args = config_lib.parse_arg(arg, version=2)
+  return config_lib.base_config(config_lib.albert_model("base", args.version))

@@ -1,0 +1,211 @@
+"""The config files: they load, their `:arg`s work, and they build the
+published models (parameter counts checked to the last scalar)."""
+
+import importlib.util
+import math
+import pathlib
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+import pytest
+
+from albert_jax import Albert
+from albert_jax import ModelConfig
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
+
+# (AlbertModel / BertModel incl. pooler, MLM head, SOP head). The MLM head
+# excludes the tied word table but includes its output bias [V].
+PUBLISHED = {
+    "albert_base": (11_683_584, 128_688, 1_538),
+    "albert_large": (17_683_968, 161_456, 2_050),
+    "albert_xlarge": (58_724_864, 292_528, 4_098),
+    "albert_xxlarge": (222_595_584, 554_672, 8_194),
+    "bert_base": (109_482_240, None, None),
+    "bert_large": (335_141_888, None, None),
+}
+ALBERT_SIZES = ("base", "large", "xlarge", "xxlarge")
+# Every argument each file documents, as written on a command line.
+ARGS = {
+    **{f"albert_{s}": ["version=1", "version=2"] for s in ALBERT_SIZES},
+    "bert_base": [""],
+    "bert_large": [""],
+    "tiny": ["share=none,projection=false", "share=attention,inner=2",
+             "layers=4,groups=2,share=ffn", "dropout=0.1,act=gelu",
+             "dtype=bfloat16"],
+}
+
+
+def load_module(name):
+  spec = importlib.util.spec_from_file_location(
+      f"configs_{name}", CONFIG_DIR / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def get_config(name, arg=None):
+  return load_module(name).get_config(arg)
+
+
+def parse_flags(spec, *overrides):
+  """What `--config=spec [overrides]` gives a program, via config_flags."""
+  argv = ["prog", f"--config={spec}", *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def count_params(cfg, **kwargs):
+  model = Albert(cfg, **kwargs)
+  shapes = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
+
+
+def test_config_dir_has_the_presets():
+  assert set(PUBLISHED) | {"tiny"} <= set(CONFIG_NAMES)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_config_loads_and_round_trips(name):
+  config = get_config(name)
+  assert config.seed == 0
+  cfg = ModelConfig.from_dict(config.model)
+  # Every ModelConfig field is spelled out, so a round trip loses nothing.
+  assert cfg.to_dict() == config.model.to_dict()
+  assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("name,arg",
+                         [(n, a) for n, args in ARGS.items() for a in args])
+def test_arg_string_through_config_flags(name, arg):
+  path = CONFIG_DIR / f"{name}.py"
+  spec = f"{path}:{arg}" if arg else str(path)
+  config = parse_flags(spec)
+  assert config.is_locked
+  assert config.to_dict() == get_config(name, arg or None).to_dict()
+  ModelConfig.from_dict(config.model)
+
+
+@pytest.mark.parametrize("size", ALBERT_SIZES)
+def test_albert_versions(size):
+  v1 = get_config(f"albert_{size}", "version=1").model
+  v2 = get_config(f"albert_{size}", "version=2").model
+  assert get_config(f"albert_{size}").to_dict() == get_config(
+      f"albert_{size}", "version=2").to_dict()
+  # xxlarge was released without dropout in both versions.
+  want = 0.0 if size == "xxlarge" else 0.1
+  assert v1.hidden_dropout_prob == v1.attention_probs_dropout_prob == want
+  assert v1.hidden_act == "gelu"
+  assert v2.hidden_dropout_prob == v2.attention_probs_dropout_prob == 0.0
+  assert v2.hidden_act == "gelu_new"
+  other = {k: v for k, v in v1.items()
+           if k not in ("hidden_act", "hidden_dropout_prob",
+                        "attention_probs_dropout_prob")}
+  assert other == {k: v2[k] for k in other}
+
+
+def test_unknown_arg_fails_with_suggestion():
+  with pytest.raises(ValueError, match="did you mean version"):
+    get_config("albert_base", "verison=1")
+  with pytest.raises(ValueError, match="did you mean share"):
+    get_config("tiny", "shared=none")
+  with pytest.raises(ValueError, match="Unknown config argument"):
+    get_config("bert_base", "version=1")  # BERT takes no arguments
+  with pytest.raises(flags.IllegalFlagValueError, match="did you mean"):
+    parse_flags(f"{CONFIG_DIR / 'albert_base.py'}:verison=1")
+
+
+def test_bad_arg_values_fail():
+  with pytest.raises(ValueError, match="version must be 1 or 2"):
+    get_config("albert_large", "version=3")
+  with pytest.raises(ValueError, match="share"):
+    get_config("tiny", "share=some")
+  with pytest.raises(ValueError, match="num_hidden_groups must be 1"):
+    get_config("tiny", "share=none,groups=2")
+
+
+def test_field_overrides_via_flags():
+  config = parse_flags(str(CONFIG_DIR / "albert_base.py") + ":version=1",
+                       "--config.model.num_hidden_layers=24",
+                       "--config.model.hidden_act=relu")
+  assert config.model.num_hidden_layers == 24
+  assert config.model.hidden_act == "relu"
+  assert config.model.hidden_dropout_prob == 0.1
+  with pytest.raises(AttributeError, match="num_hidden_layers"):
+    parse_flags(str(CONFIG_DIR / "albert_base.py"),
+                "--config.model.num_hidden_layer=24")
+
+
+def test_tiny_args():
+  default = get_config("tiny").model
+  assert (default.vocab_size, default.embedding_size, default.hidden_size,
+          default.num_hidden_layers, default.num_attention_heads,
+          default.intermediate_size, default.max_position_embeddings) == (
+              1000, 32, 64, 2, 4, 128, 128)
+  assert default.share == "all" and default.embedding_projection
+  bert = get_config("tiny", "share=none,projection=false").model
+  assert bert.share == "none" and not bert.embedding_projection
+  assert bert.embedding_size == bert.hidden_size == 64
+  grouped = get_config("tiny", "layers=4,groups=2,inner=2").model
+  assert (grouped.num_hidden_layers, grouped.num_hidden_groups,
+          grouped.inner_group_num) == (4, 2, 2)
+  wet = get_config("tiny", "dropout=0.1,act=relu,dtype=bfloat16").model
+  assert wet.hidden_dropout_prob == wet.attention_probs_dropout_prob == 0.1
+  assert (wet.hidden_act, wet.dtype) == ("relu", "bfloat16")
+
+
+def _random_params(model, ids, seed):
+  """Params of the right tree and shapes, without compiling `init`.
+
+  Compiling `init` costs ~7 s on CPU (the model's own tests cover it); the
+  forward pass does not care where its params came from, only that the tree
+  the config builds is one `apply` accepts.
+  """
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))
+  rng = np.random.default_rng(seed)
+  def fill(path, leaf):
+    name = jax.tree_util.keystr(path)
+    base = 1.0 if "scale" in name else 0.0
+    return jnp.asarray(base + 0.02 * rng.standard_normal(leaf.shape),
+                       leaf.dtype)
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+@pytest.mark.parametrize("arg", [None, "share=none,projection=false,inner=2"])
+def test_tiny_model_runs_forward(arg):
+  cfg = ModelConfig.from_dict(get_config("tiny", arg).model)
+  model = Albert(cfg)
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 16)), jnp.int32)
+  mask = jnp.ones((2, 16), jnp.int32).at[1, 12:].set(0)
+  positions = jnp.asarray([[1, 5, 7], [0, 2, 11]], jnp.int32)
+  params = _random_params(model, ids, seed=1)
+  out = jax.jit(model.apply)(params, ids, attention_mask=mask,
+                             masked_positions=positions)
+  assert out["sequence_output"].shape == (2, 16, cfg.hidden_size)
+  assert out["pooled_output"].shape == (2, cfg.hidden_size)
+  assert out["mlm_logits"].shape == (2, 3, cfg.vocab_size)
+  assert out["sop_logits"].shape == (2, 2)
+  for value in out.values():
+    assert bool(jnp.all(jnp.isfinite(value)))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_parameter_counts(name):
+  cfg = ModelConfig.from_dict(get_config(name).model)
+  encoder, mlm, sop = PUBLISHED[name]
+  base = count_params(cfg, heads=())
+  assert base == encoder
+  if mlm is not None:
+    with_mlm = count_params(cfg, heads=("mlm",))
+    assert with_mlm - base == mlm
+    assert count_params(cfg) - with_mlm == sop
+
