@@ -1,17 +1,26 @@
 """albert_jax: ALBERT and the BERT family in JAX/Flax, from pre-training to fine-tuning."""
 
-from albert_jax.model_config import ModelConfig
-from albert_jax.models import Albert
-
 __version__ = "0.1.0"
 
-__all__ = ["Albert", "ModelConfig", "__version__"]
+# name → module. Loaded on first use: config files and the data tools import
+# this package and should not pay for Flax, safetensors or SentencePiece.
+_LAZY = {
+    "Albert": "albert_jax.models",
+    "ModelConfig": "albert_jax.model_config",
+    "load_pretrained": "albert_jax.pretrained",
+    "Pretrained": "albert_jax.pretrained",
+    "Tokenizer": "albert_jax.tokenizer",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
 
 
 def __getattr__(name):
-  # Loading pulls in ml-collections and safetensors; importing the model
-  # alone (as kernels and the GPU machine do) should not.
-  if name in ("load_pretrained", "Pretrained"):
-    from albert_jax import pretrained  # pylint: disable=g-import-not-at-top
-    return getattr(pretrained, name)
+  if name in _LAZY:
+    import importlib  # pylint: disable=g-import-not-at-top
+    return getattr(importlib.import_module(_LAZY[name]), name)
   raise AttributeError(f"module 'albert_jax' has no attribute {name!r}")
+
+
+def __dir__():
+  return __all__

@@ -28,18 +28,49 @@ _CONFIG_KEYS = (
     "max_position_embeddings", "type_vocab_size", "initializer_range",
     "layer_norm_eps")
 
+# transformers' `AlbertConfig` defaults (the xxlarge shape), used for keys a
+# config.json leaves out; ModelConfig's own defaults are BERT-base-like.
+_HF_DEFAULTS = {
+    "vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096,
+    "num_hidden_layers": 12, "num_attention_heads": 64,
+    "intermediate_size": 16384, "num_hidden_groups": 1, "inner_group_num": 1,
+    "hidden_act": "gelu_new", "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0, "classifier_dropout_prob": 0.1,
+    "max_position_embeddings": 512, "type_vocab_size": 2,
+    "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+}
+
 _LAYER_PREFIX = "encoder.albert_layer_groups.{g}.albert_layers.{i}."
+
+# Non-parameter buffers some checkpoints store; they carry no weights.
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Tied copies HF may store explicitly; checked against what they are tied to.
+_TIED = ("predictions.decoder.weight", "predictions.decoder.bias")
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
-  """ModelConfig from an HF ALBERT `config.json` dict."""
-  if hf.get("model_type") != "albert":
+  """ModelConfig from an HF ALBERT `config.json` dict.
+
+  Raises:
+    ValueError: the config is not an ALBERT one, or uses a variant (relative
+      position embeddings) that albert_jax does not implement.
+  """
+  model_type = hf.get("model_type")
+  if model_type is None and any(
+      str(a).startswith("Albert") for a in hf.get("architectures") or ()):
+    model_type = "albert"  # Configs from before `model_type` existed.
+  if model_type != "albert":
     raise ValueError(
-        f"config.json has model_type={hf.get('model_type')!r}; this loader "
-        "reads ALBERT checkpoints (model_type 'albert').")
-  values = {k: hf[k] for k in _CONFIG_KEYS if k in hf}
-  if hf.get("classifier_dropout_prob") is None:
-    values.pop("classifier_dropout_prob", None)
+        f"config.json has model_type={model_type!r}; this loader reads "
+        "ALBERT checkpoints (model_type 'albert').")
+  position = hf.get("position_embedding_type") or "absolute"
+  if position != "absolute":
+    raise ValueError(
+        f"config.json has position_embedding_type={position!r}; albert_jax "
+        "implements only absolute position embeddings.")
+  values = {k: hf.get(k, _HF_DEFAULTS[k]) for k in _CONFIG_KEYS}
+  if values["classifier_dropout_prob"] is None:
+    values["classifier_dropout_prob"] = _HF_DEFAULTS["classifier_dropout_prob"]
   labels = hf.get("id2label")
   if labels:
     values["num_sentence_labels"] = len(labels)
@@ -55,7 +86,8 @@ def config_to_hf(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
         f"{cfg.embedding_projection} has no AlbertModel equivalent.")
   out = {k: getattr(cfg, k) for k in _CONFIG_KEYS}
   out.update(model_type="albert", architectures=[architecture],
-             pad_token_id=0, bos_token_id=2, eos_token_id=3,
+             dtype=cfg.param_dtype, pad_token_id=0, bos_token_id=2,
+             eos_token_id=3,
              tie_word_embeddings=True,
              id2label={str(i): f"LABEL_{i}"
                        for i in range(cfg.num_sentence_labels)},
@@ -88,7 +120,7 @@ def _ln_in(w, b):
   return {"scale": np.asarray(w), "bias": np.asarray(b)}
 
 
-def detect_parts(state: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def detect_parts(state: Mapping[str, Any]) -> dict[str, Any]:
   """Which parts a state dict holds: key prefix, pooler, heads."""
   prefix = "albert." if any(k.startswith("albert.") for k in state) else ""
   return {
@@ -99,22 +131,113 @@ def detect_parts(state: Mapping[str, np.ndarray]) -> dict[str, Any]:
   }
 
 
+def expected_shapes(cfg: ModelConfig, parts: Mapping[str, Any]
+                    ) -> dict[str, tuple[int, ...]]:
+  """HF tensor name → shape that `cfg` implies, for the parts in `parts`.
+
+  Tied copies (`predictions.decoder.*`) and buffers are not listed: HF's
+  `save_pretrained` omits the former and the latter hold no weights.
+  """
+  p = parts["prefix"]
+  v, e, h, f = (cfg.vocab_size, cfg.embedding_size, cfg.hidden_size,
+                cfg.intermediate_size)
+  shapes: dict[str, tuple[int, ...]] = {}
+
+  def dense(key, n_out, n_in):
+    shapes[key + ".weight"] = (n_out, n_in)
+    shapes[key + ".bias"] = (n_out,)
+
+  def ln(key, n):
+    shapes[key + ".weight"] = shapes[key + ".bias"] = (n,)
+
+  shapes[f"{p}embeddings.word_embeddings.weight"] = (v, e)
+  shapes[f"{p}embeddings.position_embeddings.weight"] = (
+      cfg.max_position_embeddings, e)
+  shapes[f"{p}embeddings.token_type_embeddings.weight"] = (
+      cfg.type_vocab_size, e)
+  ln(f"{p}embeddings.LayerNorm", e)
+  dense(f"{p}encoder.embedding_hidden_mapping_in", h, e)
+  for g in range(cfg.num_hidden_groups):
+    for i in range(cfg.inner_group_num):
+      a = p + _LAYER_PREFIX.format(g=g, i=i)
+      for name in ("query", "key", "value", "dense"):
+        dense(a + f"attention.{name}", h, h)
+      ln(a + "attention.LayerNorm", h)
+      dense(a + "ffn", f, h)
+      dense(a + "ffn_output", h, f)
+      ln(a + "full_layer_layer_norm", h)
+  if parts["pooler"]:
+    dense(f"{p}pooler", h, h)
+  if parts["mlm"]:
+    dense("predictions.dense", e, h)
+    ln("predictions.LayerNorm", e)
+    shapes["predictions.bias"] = (v,)
+  if parts["sop"]:
+    dense("sop_classifier.classifier", cfg.num_sentence_labels, h)
+  return shapes
+
+
+def _config_summary(cfg: ModelConfig) -> str:
+  return ", ".join(f"{k}={getattr(cfg, k)}" for k in (
+      "vocab_size", "embedding_size", "hidden_size", "num_attention_heads",
+      "intermediate_size", "num_hidden_groups", "inner_group_num",
+      "max_position_embeddings", "type_vocab_size", "num_sentence_labels"))
+
+
+def check_state_shapes(state: Mapping[str, Any], cfg: ModelConfig,
+                       parts: Mapping[str, Any]) -> None:
+  """Raises ValueError listing every tensor that does not fit `cfg`.
+
+  Each line names the HF tensor and both shapes: missing tensors, tensors the
+  config has no place for (e.g. a group beyond `num_hidden_groups`), and
+  tensors of the wrong shape.
+  """
+  want = expected_shapes(cfg, parts)
+  problems = []
+  # In model order (embeddings, projection, layers, heads), then extras.
+  for key in [*want, *sorted(k for k in state if k not in want)]:
+    if key in want and key not in state:
+      problems.append(f"  {key}: missing (config expects {want[key]})")
+    elif key not in want:
+      if key.endswith(_BUFFERS) or key in _TIED:
+        continue
+      problems.append(f"  {key}: unexpected {tuple(np.shape(state[key]))} "
+                      "(config has no place for it)")
+    elif tuple(np.shape(state[key])) != want[key]:
+      problems.append(f"  {key}: checkpoint {tuple(np.shape(state[key]))}, "
+                      f"config expects {want[key]}")
+  if problems:
+    shown = problems[:40]
+    if len(problems) > 40:
+      shown.append(f"  ... and {len(problems) - 40} more")
+    raise ValueError(
+        "the weights do not fit config.json ("
+        f"{_config_summary(cfg)}); mismatched tensors:\n" + "\n".join(shown))
+
+
 def params_from_hf(state: Mapping[str, np.ndarray], cfg: ModelConfig
                    ) -> tuple[Params, dict[str, Any]]:
   """Converts an HF ALBERT state dict.
 
+  Args:
+    state: HF tensor name → array, as `save_pretrained` writes them (with or
+      without the `albert.` prefix; tied decoder copies and buffers allowed).
+    cfg: the config the weights are meant for.
+
   Returns:
-    (params, parts): params as the `Albert` module lays them out, and
-    `detect_parts(state)`. Raises KeyError naming any missing tensor.
+    (params, parts): params as the `Albert` module lays them out (attention
+    kernels [H, heads, head_dim], output kernel [heads, head_dim, H], every
+    layer stack with a leading copy axis), and `detect_parts(state)`.
+
+  Raises:
+    ValueError: a tensor is missing, unexpected or of the wrong shape (all
+      are listed), or a stored tied copy differs from its source.
   """
   parts = detect_parts(state)
+  check_state_shapes(state, cfg, parts)
   p = parts["prefix"]
-  used = set()
 
   def get(key):
-    if key not in state:
-      raise KeyError(f"checkpoint lacks tensor {key!r}")
-    used.add(key)
     return np.asarray(state[key])
 
   def dense(key, heads=None):
@@ -154,12 +277,11 @@ def params_from_hf(state: Mapping[str, np.ndarray], cfg: ModelConfig
           "output": dense(a + "ffn_output"),
           "layer_norm": ln(a + "full_layer_layer_norm"),
       })
-  stack = lambda items: _stack(items)  # noqa: E731
   params["encoder"] = {
       "embedding_hidden_mapping_in": dense(
           f"{p}encoder.embedding_hidden_mapping_in"),
-      "attention": stack(attention),
-      "ffn": stack(ffn),
+      "attention": _stack(attention),
+      "ffn": _stack(ffn),
   }
   if parts["pooler"]:
     params["pooler"] = dense(f"{p}pooler")
@@ -169,28 +291,20 @@ def params_from_hf(state: Mapping[str, np.ndarray], cfg: ModelConfig
         "layer_norm": ln("predictions.LayerNorm"),
         "output_bias": get("predictions.bias"),
     }
-    _check_tied(state, "predictions.decoder.weight",
-                params["embeddings"]["word_embeddings"]["embedding"], used)
-    _check_tied(state, "predictions.decoder.bias",
-                params["mlm"]["output_bias"], used)
+  for key, source in zip(_TIED, (
+      params["embeddings"]["word_embeddings"]["embedding"],
+      params.get("mlm", {}).get("output_bias"))):
+    _check_tied(state, key, source)
   if parts["sop"]:
     params["sop"] = dense("sop_classifier.classifier")
-  ignorable = ("position_ids", "token_type_ids")
-  unused = sorted(k for k in state if k not in used
-                  and not k.endswith(ignorable))
-  if unused:
-    raise ValueError(
-        "Checkpoint tensors with no place in the model (is the config's "
-        f"num_hidden_groups/inner_group_num right?): {unused[:8]}"
-        + (f" and {len(unused) - 8} more" if len(unused) > 8 else ""))
   return params, parts
 
 
-def _check_tied(state, key, expected, used):
+def _check_tied(state, key, expected):
   """Older checkpoints store the tied decoder explicitly; it must match."""
   if key in state:
-    used.add(key)
-    if not np.array_equal(np.asarray(state[key]), expected):
+    if expected is None or not np.array_equal(np.asarray(state[key]),
+                                              expected):
       raise ValueError(
           f"{key} differs from the tensor it is tied to; albert_jax ties the "
           "MLM decoder to the word embeddings and the decoder bias to "
@@ -203,12 +317,24 @@ def _stack(items: list[Params]) -> Params:
   return np.stack(items)
 
 
-def params_to_hf(params: Params, cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """Inverse of `params_from_hf`, with the `albert.` prefix of the
-  pre-training and masked-LM classes (tied tensors omitted, as HF saves)."""
-  if cfg.share != "all":
-    raise ValueError("Only share='all' models map onto HF's AlbertModel.")
-  p = "albert."
+def params_to_hf(params: Params, cfg: ModelConfig, prefix: str = "albert."
+                 ) -> dict[str, np.ndarray]:
+  """Inverse of `params_from_hf`.
+
+  Args:
+    params: an `Albert` parameter tree (unboxed).
+    cfg: its config; must be share="all" with the E→H projection.
+    prefix: "albert." for the pre-training and masked-LM classes, "" for a
+      bare `AlbertModel`.
+
+  Returns:
+    HF tensor name → contiguous array in the parameters' dtype, tied tensors
+    omitted, as `save_pretrained` writes them.
+  """
+  if cfg.share != "all" or not cfg.embedding_projection:
+    raise ValueError("Only share='all' models with the E→H projection map "
+                     "onto HF's AlbertModel.")
+  p = prefix
   out: dict[str, np.ndarray] = {}
 
   def put_dense(key, d, heads_in=False):
@@ -257,6 +383,7 @@ def _take(tree, index):
 
 
 def architecture_for(parts: Mapping[str, bool]) -> str:
+  """The HF class whose `save_pretrained` writes these parts."""
   if parts.get("mlm") and parts.get("sop"):
     return "AlbertForPreTraining"
   if parts.get("mlm"):
@@ -265,8 +392,14 @@ def architecture_for(parts: Mapping[str, bool]) -> str:
 
 
 def read_config(path: str) -> dict[str, Any]:
-  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+  """The parsed `config.json` of checkpoint directory `path`."""
+  file = os.path.join(path, "config.json")
+  with open(file, encoding="utf-8") as f:
     try:
-      return json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}/config.json is not valid JSON: {e}") from e
+      config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{file} is not valid JSON: {e}") from e
+  if not isinstance(config, dict):
+    raise ValueError(f"{file} holds a {type(config).__name__}, not a JSON "
+                     "object of config fields.")
+  return config

@@ -9,7 +9,6 @@ through `torch.load(weights_only=True)`, which refuses arbitrary objects.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import logging
 import os
@@ -30,15 +29,53 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be loaded, with what to do about it."""
 
 
+# The class named in config.json, not AutoModel: that would drop the heads.
+_CONVERT_HOW = (
+    "convert it to safetensors once, in an environment you trust: load it "
+    "with the transformers class named in its config.json 'architectures' "
+    "(e.g. `transformers.AlbertForPreTraining.from_pretrained(dir)`) and "
+    "call `.save_pretrained(dir, safe_serialization=True)`")
+
+
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """All tensors of one safetensors file; bfloat16 comes back as ml_dtypes."""
+  # Importing ml_dtypes registers bfloat16 with NumPy, which safetensors needs.
+  import ml_dtypes  # noqa: F401  pylint: disable=g-import-not-at-top
   from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   try:
     return load_file(path)
-  except (SafetensorError, OSError, ValueError) as e:
+  except (SafetensorError, OSError, ValueError, TypeError) as e:
     raise CheckpointError(
         f"{path} is not a readable safetensors file ({e}). It may be "
         "truncated or corrupt: re-download or re-export it.") from e
+
+
+def _read_sharded(path: str, index: str) -> dict[str, np.ndarray]:
+  """Tensors of a sharded checkpoint described by `index`."""
+  try:
+    with open(index, encoding="utf-8") as f:
+      weight_map = json.load(f)["weight_map"]
+    files = sorted(set(weight_map.values()))
+  except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
+          AttributeError) as e:
+    raise CheckpointError(
+        f"{index} is not a valid shard index (a JSON object with a "
+        f"'weight_map' of tensor name → file): {e!r}") from e
+  missing = [n for n in files if not os.path.isfile(os.path.join(path, n))]
+  if missing:
+    raise CheckpointError(
+        f"{index} names shard file(s) that are not in {path}: {missing}. "
+        "The download is incomplete: fetch every shard.")
+  state = {}
+  for name in files:
+    state.update(_read_safetensors(os.path.join(path, name)))
+  absent = sorted(set(weight_map) - set(state))
+  if absent:
+    raise CheckpointError(
+        f"{index} lists tensors that no shard holds: {absent[:8]}"
+        + (f" and {len(absent) - 8} more" if len(absent) > 8 else ""))
+  return state
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
@@ -52,12 +89,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   if os.path.exists(single):
     return _read_safetensors(single)
   if os.path.exists(index):
-    with open(index, encoding="utf-8") as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-    state = {}
-    for name in files:
-      state.update(_read_safetensors(os.path.join(path, name)))
-    return state
+    return _read_sharded(path, index)
   binary = os.path.join(path, "pytorch_model.bin")
   if os.path.exists(binary):
     return _read_torch_bin(binary)
@@ -67,9 +99,12 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
-  how = ("convert it to safetensors once, in an environment you trust: "
-         "`transformers.AutoModel.from_pretrained(dir).save_pretrained(dir, "
-         "safe_serialization=True)`")
+  """A `pytorch_model.bin` state dict, through torch's weights-only loader.
+
+  Floating tensors come back as float32 (NumPy has no bfloat16 of torch's);
+  anything but a flat mapping of names to tensors is refused.
+  """
+  how = _CONVERT_HOW
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -81,10 +116,20 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
     state = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # torch raises UnpicklingError and others
     raise CheckpointError(
-        f"torch.load(weights_only=True) refused {path}: {e}. It holds more "
-        f"than tensors; {how}.") from e
-  return {k: v.detach().float().numpy() if v.dtype.is_floating_point
-          else v.numpy() for k, v in state.items()}
+        f"torch.load(weights_only=True) refused {path}: {e}. Either it holds "
+        "more than tensors (pickled objects are never loaded, as they can run "
+        f"code) or it is corrupt; {how}.") from e
+  if not isinstance(state, Mapping):
+    raise CheckpointError(
+        f"{path} holds a {type(state).__name__}, not a state dict of "
+        f"tensors; {how}.")
+  odd = sorted(str(k) for k, v in state.items()
+               if not isinstance(k, str) or not isinstance(v, torch.Tensor))
+  if odd:
+    raise CheckpointError(
+        f"{path} holds entries that are not named tensors: {odd[:8]}; {how}.")
+  return {k: v.detach().cpu().float().numpy() if v.dtype.is_floating_point
+          else v.detach().cpu().numpy() for k, v in state.items()}
 
 
 def _abstract_params(cfg: ModelConfig, pooler: bool, heads: tuple[str, ...]):
@@ -153,6 +198,7 @@ class Pretrained:
   missing: tuple[str, ...] = ()
 
   def __post_init__(self):
+    self.params = models_unbox(self.params)
     self.module = models.Albert(self.model_config, pooler=self.pooler,
                                 heads=self.heads)
     self._apply = jax.jit(
@@ -179,19 +225,29 @@ class Pretrained:
     return self._apply(self.params, ids, tt, mask)
 
   def to_hf(self, path: str) -> None:
-    """Writes an HF directory (config.json + model.safetensors, and the
-    tokenizer's files if any) that transformers' `from_pretrained` loads."""
+    """Writes an HF checkpoint directory that `from_pretrained` loads.
+
+    The directory holds config.json (architecture chosen from the heads:
+    AlbertForPreTraining, AlbertForMaskedLM or AlbertModel),
+    model.safetensors in the parameters' dtype with tied tensors omitted, and
+    the tokenizer's files if there is a tokenizer.
+
+    Args:
+      path: directory to write; created if needed.
+    """
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
     os.makedirs(path, exist_ok=True)
     params = jax.tree.map(np.asarray, self.params)
-    state = hf.params_to_hf(params, self.model_config)
     arch = hf.architecture_for({"mlm": "mlm" in self.heads,
                                 "sop": "sop" in self.heads})
+    # A bare AlbertModel saves its tensors without the `albert.` prefix.
+    prefix = "" if arch == "AlbertModel" else "albert."
+    state = hf.params_to_hf(params, self.model_config, prefix=prefix)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
       json.dump(hf.config_to_hf(self.model_config, arch), f, indent=2)
     save_file(state, os.path.join(path, "model.safetensors"),
               metadata={"format": "pt"})
-    if self.tokenizer is not None and hasattr(self.tokenizer, "save"):
+    if self.tokenizer is not None:
       self.tokenizer.save(path)
 
 
@@ -219,21 +275,22 @@ def load_pretrained(path: str, **overrides) -> Pretrained:
     raise CheckpointError(
         f"{path} has no config.json; expected a directory written by "
         "transformers' save_pretrained.")
-  hf_config = hf.read_config(path)
   try:
-    cfg = hf.config_from_hf(hf_config)
-  except ValueError as e:
-    raise CheckpointError(str(e)) from e
+    cfg = hf.config_from_hf(hf.read_config(path))
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f"{path}/config.json: {e}") from e
   if overrides:
     cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
   state = read_state_dict(path)
   try:
     params, parts = hf.params_from_hf(state, cfg)
-  except KeyError as e:
-    raise CheckpointError(
-        f"{path}: {e.args[0]}; the weights do not match config.json.") from e
   except ValueError as e:
-    raise CheckpointError(f"{path}: {e}") from e
+    note = f" (with overrides {overrides})" if overrides else ""
+    raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
+  if parts["sop"] and not parts["pooler"]:
+    raise CheckpointError(
+        f"Checkpoint {path} has a sentence-order head but no pooler, which "
+        "that head reads; it is not a layout transformers writes.")
   heads = tuple(h for h in models.HEADS if parts[h])
   _, expected = _abstract_params(cfg, parts["pooler"], heads)
   check_shapes(params, expected, f"Checkpoint {path}")
@@ -246,6 +303,11 @@ def load_pretrained(path: str, **overrides) -> Pretrained:
   params = jax.tree.map(
       lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
   return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
-                    params=params, tokenizer=None,
+                    params=params, tokenizer=_tokenizer(path),
                     heads=heads, pooler=parts["pooler"], missing=missing)
 
+
+def _tokenizer(path: str):
+  """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt)."""
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  return Tokenizer.find_in(path)

@@ -1,0 +1,65 @@
+"""`load_pretrained(path).tokenizer` is the directory's vocabulary."""
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+import albert_jax
+from albert_jax.tokenizer import Tokenizer
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+CORPUS = os.path.join(os.path.dirname(albert_jax.__file__), "data", "bundled",
+                      "corpus", "moby_dick.txt.gz")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    lines = [next(f) for _ in range(3000)]
+  corpus = tmp_path_factory.mktemp("c") / "c.txt"
+  corpus.write_text("".join(lines), encoding="utf-8")
+  spm = tmp_path_factory.mktemp("spm") / "spiece.model"
+  tok = Tokenizer.train([str(corpus)], 600, output=spm, seed=1, num_threads=2)
+  path = tmp_path_factory.mktemp("ckpt")
+  config = transformers.AlbertConfig(
+      vocab_size=tok.vocab_size, embedding_size=16, hidden_size=32,
+      num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+  torch.manual_seed(0)
+  transformers.AlbertForPreTraining(config).eval().save_pretrained(path)
+  tok.save(str(path))
+  return path
+
+
+def test_tokenizer_loaded_from_checkpoint(checkpoint):
+  model = albert_jax.load_pretrained(str(checkpoint))
+  assert model.tokenizer is not None
+  hf_tok = transformers.AlbertTokenizer.from_pretrained(str(checkpoint))
+  text = "Call me Ishmael. Some years ago, never mind how long precisely."
+  assert model.tokenizer.encode(text) == hf_tok.encode(
+      text, add_special_tokens=False)
+  pair = model.tokenizer.encode_pair(text, "It is a way I have.")
+  out = model(np.asarray([pair["input_ids"]]),
+              np.asarray([pair["token_type_ids"]]),
+              np.asarray([pair["attention_mask"]]))
+  assert out["mlm_logits"].shape == (1, len(pair["input_ids"]),
+                                     model.tokenizer.vocab_size)
+
+
+def test_tokenizer_travels_with_to_hf(checkpoint, tmp_path):
+  model = albert_jax.load_pretrained(str(checkpoint))
+  model.to_hf(str(tmp_path))
+  again = albert_jax.load_pretrained(str(tmp_path))
+  text = "The whale, the whale!"
+  assert again.tokenizer.encode(text) == model.tokenizer.encode(text)
+
+
+def test_no_vocabulary_means_no_tokenizer(tmp_path):
+  config = transformers.AlbertConfig(
+      vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=1,
+      num_attention_heads=2, intermediate_size=20)
+  transformers.AlbertModel(config).save_pretrained(tmp_path)
+  assert albert_jax.load_pretrained(str(tmp_path)).tokenizer is None
