@@ -1,0 +1,278 @@
+"""Prepared instances → masked, sharded global batches, exactly resumable.
+
+The batch of global step s is a pure function of (seed, s): position
+p = s·global_batch + row of an endless sequence of epochs, each epoch a fresh
+global permutation of all records (grain's index shuffle, O(1) memory), so
+resuming at step s needs no iterator state beyond s itself. Each host reads
+only its own rows of every global batch; masking runs on the fly with a key
+per record (static masking) or per (record, epoch) (dynamic masking); the
+host-local arrays are assembled into global `jax.Array`s sharded over the
+mesh's data axes; a thread pool prepares the next batches while the current
+one trains.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from albert_jax.data import instances as instances_lib
+from albert_jax.data import masking
+from albert_jax.data.prepare import FORMAT
+
+METADATA = "dataset.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+  """What masking needs to know about the vocabulary.
+
+  Attributes:
+    word_start: [V] bool, pieces that start a word.
+    special: [V] bool, pieces never masked.
+    mask_id, pad_id: special ids.
+  """
+  word_start: np.ndarray
+  special: np.ndarray
+  mask_id: int
+  pad_id: int
+
+  @property
+  def size(self) -> int:
+    return len(self.word_start)
+
+  @classmethod
+  def from_tokenizer(cls, tokenizer) -> "Vocabulary":
+    size = tokenizer.vocab_size
+    special = np.zeros(size, bool)
+    for i in (tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id,
+              tokenizer.mask_id):
+      if i is None:
+        raise ValueError(
+            "Masked-LM data needs [CLS], [SEP], [MASK] and padding ids; this "
+            "tokenizer lacks one. Train one with Tokenizer.train, which adds "
+            "them.")
+      special[i] = True
+    return cls(word_start=np.asarray(tokenizer.is_word_start(
+        np.arange(size)), bool), special=special, mask_id=tokenizer.mask_id,
+               pad_id=tokenizer.pad_id)
+
+
+def read_metadata(data_dir: str) -> dict[str, Any]:
+  """`dataset.json` of a prepared directory, checked for its format."""
+  path = os.path.join(data_dir, METADATA)
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"{data_dir} has no {METADATA} (missing, or its preparation did not "
+        "finish); create it with `python -m albert_jax.data.prepare`.")
+  with open(path, encoding="utf-8") as f:
+    metadata = json.load(f)
+  if metadata.get("format") != FORMAT:
+    raise ValueError(f"{path} has format {metadata.get('format')!r}, not "
+                     f"{FORMAT!r}; prepare the data again.")
+  return metadata
+
+
+def record_files(data_dir: str, metadata: dict[str, Any], split: str
+                 ) -> list[str]:
+  """The split's shard paths, as listed in the metadata (not a glob, so a
+  stray file from another run cannot join the dataset)."""
+  splits = metadata["splits"]
+  if split not in splits or not splits[split]["files"]:
+    raise FileNotFoundError(
+        f"{data_dir} has no {split!r} shards (splits with data: "
+        f"{[s for s in splits if splits[s]['files']]}).")
+  files = [os.path.join(data_dir, f) for f in splits[split]["files"]]
+  missing = [f for f in files if not os.path.exists(f)]
+  if missing:
+    raise FileNotFoundError(f"{len(missing)} shard(s) listed in {data_dir}/"
+                            f"{METADATA} are missing, e.g. {missing[0]}.")
+  return files
+
+
+def data_sharding(mesh, data_axes: str | tuple[str, ...] = "data"):
+  """Sharding for [batch, ...] arrays: batch split over `data_axes`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axes))
+
+
+class Loader:
+  """Masked pre-training batches for one host.
+
+  Position p of the endless record stream is record `order[p]`, where
+  `order` is grain's index shuffle over all records, reshuffled each epoch
+  (epoch = p // num_records). Global step s covers positions
+  [s·G, (s+1)·G), G = global_batch_size; host h of H takes the h-th
+  contiguous G/H of them, so hosts read disjoint rows and together exactly
+  the single-host batch.
+
+  Args:
+    data_dir: output of `albert_jax.data.prepare`.
+    split: "train" or "eval".
+    global_batch_size: rows per step across all hosts.
+    vocab: the tokenizer's `Vocabulary`.
+    seed: shuffle and masking seed.
+    masking_config: MLM recipe.
+    dynamic_masking: fresh masks every epoch (RoBERTa) instead of one fixed
+      mask per instance (static, as materialised data would have).
+    process_index, process_count: this host's place (default: jax's).
+    sharding: a `jax.sharding.Sharding` for [batch, ...] arrays (see
+      `data_sharding`); None yields host-local NumPy batches.
+    prefetch: batches prepared ahead in background threads (0: none).
+  """
+
+  def __init__(self, data_dir: str, split: str = "train", *,
+               global_batch_size: int, vocab: Vocabulary, seed: int = 0,
+               masking_config: masking.MaskingConfig = masking.MaskingConfig(),
+               dynamic_masking: bool = True, process_index: int | None = None,
+               process_count: int | None = None, sharding=None,
+               prefetch: int = 2):
+    import grain  # pylint: disable=g-import-not-at-top
+    if process_index is None or process_count is None:
+      import jax  # pylint: disable=g-import-not-at-top
+      process_index, process_count = jax.process_index(), jax.process_count()
+    if global_batch_size < 1 or global_batch_size % process_count:
+      raise ValueError(
+          f"global batch {global_batch_size} is not divisible by the "
+          f"{process_count} processes; choose a multiple of {process_count}.")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index {process_index} not in "
+                       f"[0, {process_count}).")
+    self.metadata = read_metadata(data_dir)
+    self.seq_len = int(self.metadata["max_seq_length"])
+    if vocab.size != int(self.metadata["vocab_size"]):
+      raise ValueError(
+          f"The data in {data_dir} was tokenised with a vocabulary of "
+          f"{self.metadata['vocab_size']} pieces ({self.metadata['tokenizer']})"
+          f" but this tokenizer has {vocab.size}; prepare the data with the "
+          "tokenizer you train with.")
+    self.files = record_files(data_dir, self.metadata, split)
+    self._source = grain.sources.ArrayRecordDataSource(self.files)
+    self.num_records = len(self._source)
+    expected = int(self.metadata["splits"][split]["instances"])
+    if self.num_records == 0:
+      raise ValueError(f"{data_dir} holds no {split} instances.")
+    if self.num_records != expected:
+      raise ValueError(f"{data_dir} {split} shards hold {self.num_records} "
+                       f"records but {METADATA} says {expected}; prepare the "
+                       "data again.")
+    # Record ids in shuffled order; grain derives each epoch's permutation
+    # from (seed, epoch), in O(1) memory, so any position is random access.
+    self._order = (grain.MapDataset.range(self.num_records)
+                   .shuffle(seed=seed).repeat())
+    self.global_batch_size = global_batch_size
+    self.local_batch_size = global_batch_size // process_count
+    self.process_index = process_index
+    self.process_count = process_count
+    self.vocab = vocab
+    self.seed = seed
+    self.masking_config = masking_config
+    self.dynamic_masking = dynamic_masking
+    self.sharding = sharding
+    self.prefetch = max(0, prefetch)
+
+  @property
+  def steps_per_epoch(self) -> float:
+    return self.num_records / self.global_batch_size
+
+  def record_indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """This host's (record ids, epochs) of global step `step`, each [b]."""
+    b = self.local_batch_size
+    first = step * self.global_batch_size + self.process_index * b
+    positions = first + np.arange(b, dtype=np.int64)
+    records = np.array([self._order[int(p)] for p in positions], np.int64)
+    return records, positions // self.num_records
+
+  def local_batch(self, step: int) -> dict[str, np.ndarray]:
+    """This host's rows of global step `step` as NumPy arrays.
+
+    Returns dict: input_ids, token_type_ids, attention_mask [b, T] int32;
+    masked_positions, masked_ids [b, P] int32, masked_weights [b, P] float32;
+    sentence_labels [b] int32 (-1 where the objective has none).
+    """
+    if step < 0:
+      raise ValueError(f"step must be >= 0, got {step}.")
+    b, t = self.local_batch_size, self.seq_len
+    records, epochs = self.record_indices(step)
+    ids = np.full((b, t), self.vocab.pad_id, np.int32)
+    types = np.zeros((b, t), np.int32)
+    attention = np.zeros((b, t), np.int32)
+    labels = np.zeros(b, np.int32)
+    raw = self._source.__getitems__(records.tolist())
+    for row, (index, record) in enumerate(zip(records, raw)):
+      instance = instances_lib.from_bytes(record)
+      n = len(instance.tokens)
+      if n > t:
+        raise ValueError(f"Record {index} has {n} tokens, more than the "
+                         f"dataset's max_seq_length {t}.")
+      ids[row, :n] = instance.tokens
+      types[row, :n] = instance.token_type_ids
+      attention[row, :n] = 1
+      labels[row] = instance.label
+    # The masking key depends on the record (and the epoch when dynamic),
+    # never on the batch: static masking gives a record one mask forever,
+    # and any step can be recomputed on its own.
+    keys = masking.row_keys(self.seed, epochs if self.dynamic_masking else 0,
+                            records)
+    masked = masking.mask_batch(
+        ids, attention, keys, word_start=self.vocab.word_start,
+        special=self.vocab.special, mask_id=self.vocab.mask_id,
+        vocab_size=self.vocab.size, config=self.masking_config)
+    return {
+        "input_ids": masked["input_ids"].astype(np.int32),
+        "token_type_ids": types,
+        "attention_mask": attention,
+        "masked_positions": masked["masked_positions"],
+        "masked_ids": masked["masked_ids"],
+        "masked_weights": masked["masked_weights"],
+        "sentence_labels": labels,
+    }
+
+  def batch(self, step: int):
+    """Global step `step`: global jax.Arrays if a sharding was given."""
+    return self._place(self.local_batch(step))
+
+  def iterate(self, start_step: int = 0, num_steps: int | None = None
+              ) -> Iterator[tuple[int, Any]]:
+    """Yields (step, batch) from `start_step` on, preparing batches ahead.
+
+    Resuming is `iterate(start_step=s)`: step s's batch depends only on
+    (seed, s), so the stream equals an uninterrupted run's from step s.
+    """
+    end = None if num_steps is None else start_step + num_steps
+    step = start_step
+    if self.prefetch == 0:
+      while end is None or step < end:
+        yield step, self.batch(step)
+        step += 1
+      return
+    # Threads suffice: the record reads and NumPy masking release the GIL
+    # for most of their time, and threads share the open shard readers.
+    with concurrent.futures.ThreadPoolExecutor(self.prefetch) as pool:
+      pending = collections.deque()
+      try:
+        while True:
+          while len(pending) < self.prefetch and (end is None or step < end):
+            pending.append((step, pool.submit(self.local_batch, step)))
+            step += 1
+          if not pending:
+            return
+          s, future = pending.popleft()
+          yield s, self._place(future.result())
+      finally:
+        for _, future in pending:  # a consumer that stops early
+          future.cancel()
+
+  def _place(self, local: dict[str, np.ndarray]):
+    if self.sharding is None:
+      return local
+    import jax  # pylint: disable=g-import-not-at-top
+    return {k: jax.make_array_from_process_local_data(
+        self.sharding, v, (self.global_batch_size,) + v.shape[1:])
+            for k, v in local.items()}

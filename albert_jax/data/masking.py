@@ -1,0 +1,344 @@
+"""Masked-LM targets: ALBERT's n-gram whole-word masking, vectorised.
+
+The official `create_masked_lm_predictions` walks shuffled word starts one at
+a time, drawing an n-gram length n ∝ 1/n (n ≤ `max_ngram`), shrinking n when
+the span would exceed the budget `min(max_predictions, max(1,
+round(len·0.15)))`, skipping spans that overlap earlier ones, and finally
+replacing each chosen token by [MASK] (80%), itself (10%) or a random id (10%).
+
+Here the same procedure runs on a whole batch at once: round r tries the r-th
+shuffled start word of every row simultaneously, so Python loops over rounds
+(≈ budget / mean span length, a few dozen), never over tokens. Randomness
+comes from a counter-based hash of (key, round, position): a row's masks
+depend only on its own key, not on the batch it lands in, which is what makes
+static masking and exact resume possible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+  """Masking hyperparameters (defaults: the official ALBERT recipe)."""
+  max_predictions: int = 20
+  masked_lm_prob: float = 0.15
+  max_ngram: int = 3
+  favor_shorter_ngram: bool = True
+  whole_word: bool = True
+  mask_token_prob: float = 0.8
+  random_token_prob: float = 0.1
+
+  def __post_init__(self):
+    if self.max_predictions < 1:
+      raise ValueError("max_predictions must be >= 1.")
+    if not 0.0 < self.masked_lm_prob < 1.0:
+      raise ValueError("masked_lm_prob must be in (0, 1).")
+    if self.max_ngram < 1:
+      raise ValueError("max_ngram must be >= 1.")
+    if self.mask_token_prob + self.random_token_prob > 1.0:
+      raise ValueError("mask_token_prob + random_token_prob must be <= 1.")
+
+  @property
+  def ngram_probs(self) -> np.ndarray:
+    """p(n) for n = 1..max_ngram: ∝ 1/n, or ∝ n reversed when not favouring
+    shorter n-grams (the official flag's meaning)."""
+    p = 1.0 / np.arange(1, self.max_ngram + 1)
+    p = p / p.sum()
+    return p if self.favor_shorter_ngram else p[::-1].copy()
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+  """splitmix64 finaliser: a bijective, well-mixed uint64 → uint64 hash."""
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
+def _mix_inplace(x: np.ndarray) -> np.ndarray:
+  """`_mix` on an owned uint64 array, overwriting it (one temporary)."""
+  t = np.right_shift(x, np.uint64(30))
+  x ^= t
+  x *= np.uint64(0xBF58476D1CE4E5B9)
+  np.right_shift(x, np.uint64(27), out=t)
+  x ^= t
+  x *= np.uint64(0x94D049BB133111EB)
+  np.right_shift(x, np.uint64(31), out=t)
+  x ^= t
+  return x
+
+
+def _row_base(keys: np.ndarray, stream: int) -> np.ndarray:
+  """Per-row seeds of one random stream: [B] uint64."""
+  with np.errstate(over="ignore"):
+    return _mix(np.asarray(keys).astype(np.uint64) * _GOLDEN
+                + np.uint64(stream))
+
+
+def _bits53(base: np.ndarray, counters: np.ndarray) -> np.ndarray:
+  """53 random bits per (row, counter): `base` ([B] or [B, 1], from
+  `_row_base`) broadcast against `counters` (uint64 flat indices in a row)."""
+  with np.errstate(over="ignore"):
+    x = _mix_inplace(base + (counters + np.uint64(1)) * _GOLDEN)
+  x >>= np.uint64(11)
+  return x
+
+
+def _to_unit(bits53: np.ndarray) -> np.ndarray:
+  """53 random bits → a float64 in [0, 1) (exact)."""
+  return bits53.astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _uniform(keys: np.ndarray, stream: int, shape: tuple[int, ...]
+             ) -> np.ndarray:
+  """Uniform [0, 1) floats of `shape` = (B, ...) from per-row uint64 keys.
+
+  Element (b, *i) depends only on keys[b], `stream` and the flat index of i
+  within shape[1:], so a prefix of columns can be drawn on its own.
+  """
+  counters = np.arange(int(np.prod(shape[1:], dtype=np.int64)),
+                       dtype=np.uint64).reshape(shape[1:])
+  base = _row_base(keys, stream)
+  return _to_unit(_bits53(base.reshape((-1,) + (1,) * (len(shape) - 1)),
+                          counters))
+
+
+def row_keys(seed: int, epoch, indices: np.ndarray) -> np.ndarray:
+  """Per-instance uint64 keys from (seed, epoch, record index).
+
+  `epoch` is an int or an array broadcastable to `indices`; static masking
+  passes 0 for every epoch.
+  """
+  with np.errstate(over="ignore"):
+    k = _mix(np.uint64(seed) * _GOLDEN + np.uint64(0x632BE59BD9B4E019))
+    k = _mix(k + np.asarray(epoch, np.uint64) * _GOLDEN)
+    return _mix(k + (np.asarray(indices, np.uint64) + np.uint64(1)) * _GOLDEN)
+
+
+def mask_batch(input_ids: np.ndarray,
+               attention_mask: np.ndarray,
+               keys: np.ndarray,
+               *,
+               word_start: np.ndarray,
+               special: np.ndarray,
+               mask_id: int,
+               vocab_size: int,
+               config: MaskingConfig = MaskingConfig()) -> dict[str, np.ndarray]:
+  """Chooses and applies MLM targets for a batch.
+
+  Args:
+    input_ids: [B, T] int token ids ([CLS] A [SEP] B [SEP] pad...).
+    attention_mask: [B, T], nonzero for real tokens.
+    keys: [B] uint64 per-row random keys (see `row_keys`).
+    word_start: [V] bool, whether a vocabulary piece starts a word (the
+      SentencePiece rule); ignored when `config.whole_word` is False.
+    special: [V] bool, pieces never masked ([CLS], [SEP], padding...).
+    mask_id: the [MASK] id.
+    vocab_size: random replacements are drawn from [0, vocab_size), the full
+      vocabulary as the official code does.
+    config: masking hyperparameters.
+
+  Returns:
+    dict with "input_ids" [B, T] (masked copy), "masked_positions",
+    "masked_ids" [B, P] int32 and "masked_weights" [B, P] float32 (1 for a
+    real prediction), P = max_predictions; positions sorted ascending.
+  """
+  ids = np.asarray(input_ids)
+  batch, length = ids.shape
+  valid = np.asarray(attention_mask) != 0
+  # (np.take is a faster gather than fancy indexing; in-place ops keep the
+  # number of fresh [B, T] arrays down.)
+  maskable = np.take(np.asarray(special, bool), ids)
+  np.logical_not(maskable, out=maskable)
+  maskable &= valid
+  # Word structure. A word is a start piece and the non-start pieces after
+  # it; with whole_word off every maskable token is its own word.
+  if config.whole_word:
+    starts = np.take(np.asarray(word_start, bool), ids)
+    starts &= maskable
+  else:
+    starts = maskable.copy()
+  # A continuation piece right after a special token (e.g. a segment that
+  # begins mid-word after truncation) starts a word of its own.
+  after_unmaskable = ~maskable[:, :-1]
+  after_unmaskable &= maskable[:, 1:]
+  starts[:, 1:] |= after_unmaskable
+  del after_unmaskable
+  starts[:, :1] |= maskable[:, :1]
+  # So every word is a run of consecutive maskable tokens within one row.
+  # Words are numbered globally in row-major order: row b's word w is
+  # first_word[b] + w, and first_word[b] + num_words[b] is the next row's
+  # first word (or the total). Flat 1-D arrays keep every gather cheap.
+  # Word and token counts fit int32 (smaller arrays, same values).
+  itype = np.int32 if ids.size + batch < 2**31 else np.int64
+  start_tok = np.flatnonzero(starts.reshape(-1))  # token of each global word
+  total_words = len(start_tok)
+  num_words = np.diff(np.searchsorted(
+      start_tok, np.arange(batch + 1) * length)).astype(itype)
+  first_word = (np.cumsum(num_words) - num_words).astype(itype)
+  max_words = max(int(num_words.max(initial=0)), 1)
+  rows = np.arange(batch)
+  # before[g]: maskable tokens before global word g (the last entry: all of
+  # them), so a span's token count is a difference of two lookups. Before a
+  # row's first word every token is unmaskable, so row b's entry at
+  # first_word[b] + num_words[b] counts exactly its own tokens to its end.
+  maskable_cum = np.cumsum(maskable.reshape(-1), dtype=itype)
+  # (One spare entry keeps the lookups of inactive rows below in bounds.)
+  before = np.empty(total_words + 2, itype)
+  before[:-2] = maskable_cum[start_tok]
+  before[:-2] -= 1
+  before[-2:] = maskable_cum[-1] if maskable_cum.size else 0
+  del maskable_cum
+
+  budget = np.minimum(config.max_predictions, np.maximum(
+      1, np.round(valid.sum(axis=1) * config.masked_lm_prob))).astype(itype)
+  budget[num_words == 0] = 0
+
+  # Shuffled order of start words: ascending random keys (stream 1, 53-bit
+  # uniforms; ties by word index, i.e. a stable argsort), absent words last.
+  # Keys and word indices are packed into one uint64 so a plain sort does
+  # it, and only as many places as the rounds reach are sorted.
+  order_bits = _bits53(_row_base(keys, 1)[:, None],
+                       np.arange(max_words, dtype=np.uint64))
+  word_idx = np.arange(max_words, dtype=itype)
+  absent = word_idx[None, :] >= num_words[:, None]
+  shift = max(1, (max_words - 1).bit_length())
+  if shift <= 10:  # 53 key bits + 1 "absent" bit + shift fit in 64 bits
+    order_bits[absent] = np.uint64(1 << 53)
+    order_bits <<= np.uint64(shift)
+    order_bits |= word_idx.astype(np.uint64)
+    low_bits = np.uint64((1 << shift) - 1)
+
+    def sorted_order(places):
+      """Columns 0..places-1 of the sorted order: [B, places]."""
+      if places < max_words:  # the `places` smallest keys, sorted
+        order_bits.partition(places - 1, axis=1)  # in place: keys permuted
+        packed = np.sort(order_bits[:, :places], axis=1)
+      else:
+        packed = np.sort(order_bits, axis=1)
+      packed &= low_bits
+      return packed.astype(itype)
+  else:
+    order_keys = _to_unit(order_bits)
+    order_keys[absent] = 2.0
+
+    def sorted_order(places):
+      return np.argsort(order_keys, axis=1, kind="stable")[:, :places].astype(
+          itype)
+  del absent
+  cdf = np.cumsum(config.ngram_probs)
+  draw_base = _row_base(keys, 2)
+  max_ngram = config.max_ngram
+  offsets = np.arange(max_ngram, dtype=itype)
+  never = np.iinfo(itype).max
+
+  def plan(r0, r1):
+    """Everything about rounds r0..r1-1 that does not depend on earlier
+    rounds: [R, B] and [R, max_ngram, B] arrays (round-major, and n before
+    the batch so that a round's rows per n are contiguous)."""
+    start = np.ascontiguousarray(sorted_order(r1)[:, r0:].T)
+    # n ~ p(n), stream 2 column r: 1 + number of cdf steps the draw passed.
+    draws = _to_unit(_bits53(draw_base[None, :],
+                             np.arange(r0, r1, dtype=np.uint64)[:, None]))
+    n_max = np.ones(draws.shape, itype)
+    for c in cdf:
+      n_max += draws >= c
+    # As the official code: n is drawn from all of 1..max_ngram even near
+    # the last word (its `cand_index_set` always holds max_ngram slices,
+    # shorter ones at the end, so p(n) is never renormalised); an n-gram
+    # running past the last word is just the words that are left.
+    left = num_words - start
+    present = left > 0  # r < num_words: the start is a word of the row
+    np.minimum(n_max, left, out=n_max)
+    n_max -= 1
+    np.maximum(n_max, 0, out=n_max)  # now max n - 1 (0 for absent starts)
+    first = first_word + start
+    np.minimum(first, total_words, out=first)  # (absent starts: in bounds)
+    # The words of the n-word spans, n = 1..max_ngram, past n_max repeating
+    # the last one (covering a word twice, or adding 0 tokens, is harmless)
+    # and their token counts, non-decreasing in n.
+    span_words = np.minimum(offsets[:, None], n_max[:, None])
+    span_words += first[:, None]
+    span_tokens = before.take(span_words + 1)
+    span_tokens -= before.take(first)[:, None]
+    # What span n adds over span n-1, so span n's tokens are a masked sum.
+    added = span_tokens.copy()
+    added[:, 1:] -= span_tokens[:, :-1]
+    # Budget, -1 where the start is no word: then no span ever fits.
+    budget_or_none = np.where(present, budget, -1).astype(itype)
+    return budget_or_none, span_tokens, added, span_words
+
+  # covered[g]: global word g already masked; max_ngram padding entries at
+  # the end (never set) keep span lookups past the last word in bounds.
+  covered = np.zeros(total_words + max_ngram, bool)
+  count = np.zeros(batch, itype)
+  # Rounds run in blocks, the first of about the budget (rarely exceeded),
+  # each next one 4x longer.
+  r0, r1 = 0, min(max_words, config.max_predictions + 8)
+  while r0 < max_words:
+    budget_or_none, span_tokens, added, span_words = plan(r0, r1)
+    for j in range(r1 - r0):
+      # Tokens still allowed; a row is active (r < num_words and count <
+      # budget) iff room > 0, and every span has >= 1 token.
+      room = budget_or_none[j] - count
+      if room.max(initial=0) <= 0:
+        r1 = max_words
+        break
+      # take[k, b]: the span of k + 1 words fits (so do the shorter ones):
+      # n shrunk to the longest span that fits the budget.
+      take = span_tokens[j] <= room
+      # Rejected if any word of the span is already covered.
+      overlap = covered.take(span_words[j])
+      overlap &= take
+      np.greater(take, np.logical_or.reduce(overlap, axis=0), out=take)
+      covered[span_words[j][take]] = True
+      added_j = added[j] * take
+      count += added_j.sum(axis=0, dtype=itype)
+    r0, r1 = r1, min(max_words, 4 * r1)
+
+  # The chosen tokens: every token of every covered word, in row-major
+  # order (so ascending positions within a row).
+  chosen_words = np.flatnonzero(covered[:total_words])
+  word_len = before[chosen_words + 1] - before[chosen_words]
+  chosen_flat = np.arange(word_len.sum()) + np.repeat(
+      start_tok[chosen_words] - (np.cumsum(word_len) - word_len), word_len)
+  chosen_row = chosen_flat // max(length, 1)
+  chosen_pos = chosen_flat - chosen_row * length
+  # 80% [MASK], 10% random id, 10% unchanged: decided per token, from
+  # streams 3 and 4 at the token's position (drawn for chosen tokens only).
+  pos_counter = chosen_pos.astype(np.uint64)
+  u = _to_unit(_bits53(_row_base(keys, 3)[chosen_row], pos_counter))
+  random_ids = np.minimum((_to_unit(_bits53(
+      _row_base(keys, 4)[chosen_row], pos_counter)) * vocab_size
+                          ).astype(np.int64), vocab_size - 1)
+  original = ids.reshape(-1)[chosen_flat]
+  replaced = np.where(u < config.mask_token_prob, mask_id, np.where(
+      u < config.mask_token_prob + config.random_token_prob, random_ids,
+      original))
+  masked_ids_full = np.array(ids, dtype=ids.dtype, order="C", copy=True)
+  masked_ids_full.reshape(-1)[chosen_flat] = replaced.astype(ids.dtype)
+
+  p = config.max_predictions
+  # Sorted positions of chosen tokens, padded with zeros (weight 0). A row
+  # never has more than its budget <= p; the cut is only a safeguard.
+  rank = np.arange(len(chosen_row)) - np.searchsorted(chosen_row, rows)[
+      chosen_row]
+  keep = np.flatnonzero(rank < p)
+  dest = chosen_row[keep] * p + rank[keep]
+  pos = np.zeros((batch, p), np.int32)
+  labels = np.zeros((batch, p), np.int32)
+  weights = np.zeros((batch, p), np.float32)
+  pos.reshape(-1)[dest] = chosen_pos[keep]
+  labels.reshape(-1)[dest] = original[keep]
+  weights.reshape(-1)[dest] = 1.0
+  return {
+      "input_ids": masked_ids_full,
+      "masked_positions": pos,
+      "masked_ids": labels,
+      "masked_weights": weights,
+  }

@@ -1,0 +1,397 @@
+r"""Corpus → sharded ArrayRecord files of tokenised, unmasked instances.
+
+  python -m albert_jax.data.prepare \
+      --input='albert_jax/data/bundled/corpus/*.txt.gz' \
+      --tokenizer=/tmp/spm/albert.model --output_dir=/tmp/albert_data \
+      --max_seq_length=128 --objective=sop --dupe_factor=2 --num_workers=2
+
+Inputs (`--format`): `sentences` (official format: a sentence per line, a
+blank line between documents; globs, comma lists, .gz), `raw` (a document
+per file), `jsonl:FIELD`, or `tfds[:SPLIT]` with `--input=name:feature`.
+
+The corpus is streamed in blocks of `--docs_per_block` documents (fewer if
+they hold over 32M characters); each block is tokenised, turned into
+instances and written as one shard by a worker process. At most two blocks
+per worker are in flight, so memory is bounded by the block size, not the
+corpus size. Document d gets the random stream (seed, dupe, d) and blocks
+are cut in the reading process, so the output is byte-identical for any
+number of workers. Masking is not materialised: the loader masks on the fly
+(statically or dynamically), so one prepared dataset serves both. A
+deterministic fraction of documents (`--eval_fraction`, by document index
+hash) goes to `eval-*` shards for held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import glob
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from typing import Iterator, Sequence, TextIO
+
+from albert_jax.data import documents as documents_lib
+from albert_jax.data import instances as instances_lib
+
+log = logging.getLogger(__name__)
+
+FORMAT = "albert_jax.instances/1"
+SPLITS = ("train", "eval")
+_MAX_BLOCK_CHARS = 1 << 25  # bounds a block's memory when documents are huge
+_TOKENIZER = None  # one per worker process, loaded by _init_worker
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+  """How to cut the corpus into instances (see InstanceConfig for most)."""
+  tokenizer: str
+  output_dir: str
+  max_seq_length: int = 512
+  objective: str = "sop"
+  nsp_negatives_in_sop: bool = False
+  short_seq_prob: float = 0.1
+  dupe_factor: int = 1
+  seed: int = 12345
+  docs_per_block: int = 2000
+  eval_fraction: float = 0.0
+  num_workers: int = 1
+
+  def instance_config(self) -> instances_lib.InstanceConfig:
+    return instances_lib.InstanceConfig(
+        max_seq_length=self.max_seq_length,
+        short_seq_prob=self.short_seq_prob, objective=self.objective,
+        nsp_negatives_in_sop=self.nsp_negatives_in_sop,
+        dupe_factor=self.dupe_factor)
+
+  def validate(self) -> None:
+    self.instance_config()  # raises on a bad recipe
+    if self.docs_per_block < 1:
+      raise ValueError("docs_per_block must be >= 1.")
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise ValueError("eval_fraction must be in [0, 1).")
+    if self.num_workers < 1:
+      raise ValueError("num_workers must be >= 1.")
+
+
+def is_eval_document(index: int, fraction: float) -> bool:
+  """Deterministic held-out choice by document index."""
+  if fraction <= 0:
+    return False
+  digest = hashlib.sha256(f"doc{index}".encode()).digest()
+  return int.from_bytes(digest[:8], "little") / 2**64 < fraction
+
+
+def _init_worker(tokenizer_path: str) -> None:
+  global _TOKENIZER
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  _TOKENIZER = Tokenizer.from_file(tokenizer_path)
+
+
+def _process_block(split: str, block: int, first_index: int,
+                   docs: list[list[str]], config: PrepareConfig
+                   ) -> tuple[str, instances_lib.Stats]:
+  """Tokenises a block of documents and writes its shard; returns counts."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  tok = _TOKENIZER
+  # Sentences that tokenise to nothing (e.g. only control characters) would
+  # make empty segments; drop them.
+  tokenised = [[ids for ids in map(tok.encode, doc) if ids] for doc in docs]
+  made, stats = instances_lib.create_instances(
+      tokenised, config.instance_config(), config.seed, tok.cls_id,
+      tok.sep_id, first_index=first_index)
+  path = os.path.join(config.output_dir, shard_name(split, block))
+  tmp = path + ".tmp"
+  # group_size:1 makes every record randomly accessible on its own, which
+  # the loader's global shuffle needs.
+  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
+  for inst in made:
+    writer.write(instances_lib.to_bytes(inst))
+  writer.close()
+  os.replace(tmp, path)  # a shard is either whole or absent
+  return path, stats
+
+
+def shard_name(split: str, block: int) -> str:
+  return f"{split}-{block:05d}.arrayrecord"
+
+
+def _blocks(docs: Iterator[list[str]], config: PrepareConfig
+            ) -> Iterator[tuple[str, int, int, list[list[str]]]]:
+  """(split, block number, first document index in split, documents)."""
+  buffers = {s: [] for s in SPLITS}
+  chars = {s: 0 for s in SPLITS}
+  firsts = {s: 0 for s in SPLITS}
+  counts = {s: 0 for s in SPLITS}
+  seen = {s: 0 for s in SPLITS}
+  for index, doc in enumerate(docs):
+    split = "eval" if is_eval_document(index, config.eval_fraction) else "train"
+    if not buffers[split]:
+      firsts[split] = seen[split]
+    buffers[split].append(doc)
+    chars[split] += sum(map(len, doc))
+    seen[split] += 1
+    if (len(buffers[split]) >= config.docs_per_block
+        or chars[split] >= _MAX_BLOCK_CHARS):
+      yield split, counts[split], firsts[split], buffers[split]
+      counts[split] += 1
+      buffers[split], chars[split] = [], 0
+  for split in SPLITS:
+    if buffers[split]:
+      yield split, counts[split], firsts[split], buffers[split]
+
+
+class _InProcess(concurrent.futures.Executor):
+  """num_workers=1: run blocks here, skipping process start-up and pickling."""
+
+  def submit(self, fn, /, *args, **kwargs):
+    future = concurrent.futures.Future()
+    future.set_result(fn(*args, **kwargs))
+    return future
+
+
+class _Progress:
+  """A one-line progress bar: documents, documents/s, instances, ETA."""
+
+  def __init__(self, stream: TextIO | None,
+               read_stats: documents_lib.ReadStats | None):
+    self.stream, self.read_stats = stream, read_stats
+    self.start = self.last = time.time()
+
+  def update(self, documents: int, instances: int, final: bool = False):
+    now = time.time()
+    if self.stream is None or (not final and now - self.last < 0.5):
+      return
+    self.last = now
+    rate = documents / max(now - self.start, 1e-9)
+    text = (f"prepare: {documents:,} documents ({rate:,.0f}/s), "
+            f"{instances:,} instances")
+    rs = self.read_stats
+    if rs is not None and rs.total_documents:
+      frac = min(documents / rs.total_documents, 1.0)
+      eta = (rs.total_documents - documents) / max(rate, 1e-9)
+      text += f", {frac:.0%} of {rs.total_documents:,}, ETA {eta:,.0f}s"
+    elif rs is not None and rs.total_files:
+      text += f", file {rs.files}/{rs.total_files}"
+    end = "\n" if final else ""
+    print(f"\r{text}", end=end, file=self.stream, flush=True)
+
+
+def prepare(docs: Iterator[list[str]], config: PrepareConfig,
+            read_stats: documents_lib.ReadStats | None = None,
+            progress: TextIO | None = sys.stderr,
+            source: str = "the corpus") -> dict:
+  """Writes shards and `dataset.json`; returns the metadata written.
+
+  A previous run's shards in `output_dir` are removed first, and this
+  run's on failure; `dataset.json` is written last. With num_workers > 1
+  the workers are spawned, so a calling script needs the usual
+  `if __name__ == "__main__":` guard.
+
+  Args:
+    docs: documents, each a list of sentence strings.
+    config: the recipe.
+    read_stats: the reader's counters (for progress and the metadata).
+    progress: where the progress bar goes; None for silence.
+    source: the input's name, for error messages.
+
+  Raises:
+    ValueError: nothing to train on (no documents, or no instances).
+  """
+  config.validate()
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  tok = Tokenizer.from_file(config.tokenizer)
+  if tok.cls_id is None or tok.sep_id is None:
+    raise ValueError(f"{config.tokenizer} has no [CLS]/[SEP] pieces; train a "
+                     "tokenizer with `python -m albert_jax.tokenizer train`.")
+  _clear_outputs(config.output_dir)
+  totals = {s: instances_lib.Stats() for s in SPLITS}
+  files = {s: [] for s in SPLITS}
+  bar = _Progress(progress, read_stats)
+  if config.num_workers == 1:
+    _init_worker(config.tokenizer)
+    pool = _InProcess()
+  else:
+    # spawn, not fork: the parent may hold JAX/TF threads, and forking a
+    # multithreaded process can deadlock the child.
+    pool = concurrent.futures.ProcessPoolExecutor(
+        config.num_workers, mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker, initargs=(config.tokenizer,))
+  pending: list[tuple[str, concurrent.futures.Future]] = []
+
+  def drain(limit: int) -> None:
+    while len(pending) > limit:  # in submission order: deterministic lists
+      split, future = pending.pop(0)
+      try:
+        path, stats = future.result()
+      except concurrent.futures.process.BrokenProcessPool as e:
+        raise RuntimeError(
+            "A prepare worker process died: out of memory (lower "
+            "--docs_per_block), or prepare() was called from a script "
+            "without an `if __name__ == '__main__':` guard, which spawned "
+            "workers need. --num_workers=1 runs without workers.") from e
+      files[split].append(os.path.basename(path))
+      totals[split].add(stats)
+      bar.update(sum(t.documents for t in totals.values()),
+                 sum(t.instances for t in totals.values()))
+
+  try:
+    with pool:
+      for split, block, first, block_docs in _blocks(docs, config):
+        pending.append((split, pool.submit(_process_block, split, block,
+                                           first, block_docs, config)))
+        drain(2 * config.num_workers)
+      drain(0)
+    bar.update(sum(t.documents for t in totals.values()),
+               sum(t.instances for t in totals.values()), final=True)
+    _check_nonempty(totals, config, source)
+  except BaseException:
+    _clear_outputs(config.output_dir)  # no half-written dataset left behind
+    raise
+  metadata = {
+      "format": FORMAT,
+      "tokenizer": os.path.abspath(config.tokenizer),
+      "vocab_size": tok.vocab_size,
+      "max_seq_length": config.max_seq_length,
+      "objective": config.objective,
+      "config": dataclasses.asdict(config),
+      "read": dataclasses.asdict(read_stats) if read_stats else None,
+      "splits": {s: {"files": files[s], **dataclasses.asdict(totals[s])}
+                 for s in SPLITS},
+  }
+  path = os.path.join(config.output_dir, "dataset.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(metadata, f, indent=2)
+  os.replace(path + ".tmp", path)  # written last: marks the set complete
+  return metadata
+
+
+def _clear_outputs(output_dir: str) -> None:
+  """Removes a previous run's shards so none can mix with this run's."""
+  os.makedirs(output_dir, exist_ok=True)
+  old = [os.path.join(output_dir, "dataset.json")]
+  for split in SPLITS:
+    old += glob.glob(os.path.join(output_dir, f"{split}-*.arrayrecord*"))
+  for path in old:
+    if os.path.exists(path):
+      os.remove(path)
+
+
+def _check_nonempty(totals: dict[str, instances_lib.Stats],
+                    config: PrepareConfig, source: str) -> None:
+  documents = sum(t.documents for t in totals.values())
+  if documents == 0:
+    raise ValueError(
+        f"Nothing to train on: {source} holds no documents. Check --input "
+        "and --format (sentences: one sentence per line, a blank line "
+        "between documents).")
+  train = totals["train"]
+  if train.instances:
+    return
+  single = sum(t.skipped_documents for t in totals.values())
+  if config.objective == "sop" and single == documents:
+    raise ValueError(
+        f"Nothing to train on: all {documents} documents of {source} have a "
+        "single sentence, and sentence-order prediction needs documents of "
+        "at least 2 sentences. Separate documents by blank lines rather than "
+        "after every line, or use --objective=none.")
+  raise ValueError(
+      f"Nothing to train on: {documents} documents of {source} gave no "
+      f"training instances ({single} had a single sentence, "
+      f"{train.skipped_chunks} chunks were skipped, "
+      f"{train.documents} documents fell in the train split).")
+
+
+def summary(metadata: dict) -> str:
+  """A closing table: documents, sentences, instances, tokens, padding."""
+  seq = metadata["max_seq_length"]
+  lines = [f"{'split':<6} {'documents':>10} {'sentences':>10} "
+           f"{'instances':>10} {'tokens':>12} {'padding':>8} {'skipped':>8}"]
+  for split, s in metadata["splits"].items():
+    if not s["documents"]:
+      continue
+    padding = 1 - s["tokens"] / max(s["instances"] * seq, 1)
+    lines.append(f"{split:<6} {s['documents']:>10,} {s['sentences']:>10,} "
+                 f"{s['instances']:>10,} {s['tokens']:>12,} {padding:>8.1%} "
+                 f"{s['skipped_documents'] + s['skipped_chunks']:>8,}")
+  lines.append("skipped: single-sentence documents + chunks that made no "
+               "instance; padding: share of pad tokens at max_seq_length.")
+  read = metadata.get("read") or {}
+  kinds = (("skipped_non_utf8", "non-UTF-8 lines"),
+           ("skipped_long_lines", "over-long lines"),
+           ("skipped_records", "unusable records"),
+           ("skipped_files", "damaged file ends"))
+  if any(read.get(k) for k, _ in kinds):
+    lines.append("input: skipped " + ", ".join(
+        f"{read.get(k, 0):,} {what}" for k, what in kinds) + ".")
+  return "\n".join(lines)
+
+
+def open_documents(spec: str, fmt: str, stats: documents_lib.ReadStats,
+                   process_index: int = 0, process_count: int = 1,
+                   data_dir: str | None = None) -> Iterator[list[str]]:
+  """Documents for `--input` in `--format` (sentences, raw, jsonl:FIELD,
+  tfds[:SPLIT])."""
+  if fmt == "sentences":
+    return documents_lib.read_sentence_files(
+        documents_lib.expand_paths(spec), stats)
+  if fmt == "raw":
+    return documents_lib.read_raw_files(documents_lib.expand_paths(spec),
+                                        None, stats)
+  if fmt.startswith("jsonl:") and fmt[len("jsonl:"):]:
+    return documents_lib.read_raw_files(documents_lib.expand_paths(spec),
+                                        fmt[len("jsonl:"):], stats)
+  if fmt == "tfds" or fmt.startswith("tfds:"):
+    split = fmt.split(":", 1)[1] if ":" in fmt else "train"
+    return documents_lib.read_tfds(spec, split, process_index=process_index,
+                                   process_count=process_count,
+                                   data_dir=data_dir, stats=stats)
+  raise ValueError(f"Unknown --format {fmt!r}; use sentences, raw, "
+                   "jsonl:FIELD or tfds[:SPLIT].")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--input", required=True,
+                 help="file glob(s), comma-separated; or a TFDS name:feature")
+  p.add_argument("--format", default="sentences",
+                 help="sentences | raw | jsonl:FIELD | tfds[:SPLIT]")
+  p.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir")
+  p.add_argument("--tokenizer", required=True, help="SentencePiece .model")
+  p.add_argument("--output_dir", required=True)
+  for field in dataclasses.fields(PrepareConfig):
+    if field.name in ("tokenizer", "output_dir"):
+      continue
+    kind = type(field.default)
+    if kind is bool:
+      p.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction,
+                     default=field.default)
+    else:
+      choices = instances_lib.OBJECTIVES if field.name == "objective" else None
+      p.add_argument(f"--{field.name}", type=kind, default=field.default,
+                     choices=choices)
+  args = p.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+  config = PrepareConfig(**{f.name: getattr(args, f.name)
+                            for f in dataclasses.fields(PrepareConfig)})
+  stats = documents_lib.ReadStats()
+  try:
+    docs = open_documents(args.input, args.format, stats,
+                          data_dir=args.tfds_data_dir)
+    metadata = prepare(docs, config, stats, source=repr(args.input))
+  except (ValueError, FileNotFoundError, RuntimeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(summary(metadata))
+  print(f"wrote {os.path.join(config.output_dir, 'dataset.json')}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
