@@ -168,6 +168,15 @@ class Loader:
                    .shuffle(seed=seed).repeat())
     self.global_batch_size = global_batch_size
     self.local_batch_size = global_batch_size // process_count
+    self._first_row = process_index * self.local_batch_size
+    if sharding is not None:
+      # The rows this process's devices hold; equal to the even split unless
+      # a model axis spans processes, where several processes hold the same
+      # rows and must load the same records.
+      from albert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+      rows = sharding_lib.process_batch_rows(sharding, global_batch_size)
+      self._first_row = rows.start
+      self.local_batch_size = rows.stop - rows.start
     self.process_index = process_index
     self.process_count = process_count
     self.vocab = vocab
@@ -184,7 +193,7 @@ class Loader:
   def record_indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
     """This host's (record ids, epochs) of global step `step`, each [b]."""
     b = self.local_batch_size
-    first = step * self.global_batch_size + self.process_index * b
+    first = step * self.global_batch_size + self._first_row
     positions = first + np.arange(b, dtype=np.int64)
     records = np.array([self._order[int(p)] for p in positions], np.int64)
     return records, positions // self.num_records
