@@ -4,6 +4,11 @@ Accepts a directory written by transformers' `save_pretrained` for
 `AlbertForPreTraining`, `AlbertForMaskedLM` or `AlbertModel`. Weights are read
 from safetensors; nothing is ever unpickled. A `pytorch_model.bin` is read only
 through `torch.load(weights_only=True)`, which refuses arbitrary objects.
+
+Also accepts an albert_jax training workdir (the trainer's `config.json` and
+`checkpoints/`): the model is rebuilt from the config's `model` section, its
+heads from `data.objective`, and only the parameters of the newest (or a
+chosen) checkpoint are read, onto one CPU device, without the optimizer state.
 """
 
 from __future__ import annotations
@@ -188,6 +193,8 @@ class Pretrained:
     heads: the heads the checkpoint holds, of ("mlm", "sop").
     pooler: whether it holds the [CLS] pooler.
     missing: parts the checkpoint lacks, by name (never filled randomly).
+    step: the training step of a workdir checkpoint; None for HF
+      directories.
   """
   config: Any
   model_config: ModelConfig
@@ -196,6 +203,7 @@ class Pretrained:
   heads: tuple[str, ...] = ()
   pooler: bool = True
   missing: tuple[str, ...] = ()
+  step: int | None = None
 
   def __post_init__(self):
     self.params = models_unbox(self.params)
@@ -256,21 +264,37 @@ def _to_config_dict(cfg: ModelConfig):
   return ml_collections.ConfigDict(cfg.to_dict())
 
 
-def load_pretrained(path: str, **overrides) -> Pretrained:
+def load_pretrained(path: str, step: int | None = None,
+                    **overrides) -> Pretrained:
   """Loads a checkpoint directory.
 
   Args:
-    path: an HF `save_pretrained` directory of an ALBERT model.
+    path: an HF `save_pretrained` directory of an ALBERT model, or an
+      albert_jax training workdir (its config.json and checkpoints/).
+    step: for a workdir, the checkpoint step to read (default: the newest
+      readable one).
     **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
       attention_impl="xla"; shape-defining fields must match the weights.
 
   Returns:
     A `Pretrained`. Heads the checkpoint lacks are listed in `.missing` and
     logged; they are never initialised randomly behind the user's back.
+
+  Raises:
+    CheckpointError: not a checkpoint directory, unreadable weights, a
+      workdir without checkpoints, or a config whose shapes differ from the
+      weights' (the message lists the mismatched parameters).
   """
   path = os.fspath(path)
   if not os.path.isdir(path):
     raise CheckpointError(f"{path} is not a directory.")
+  workdir_config = _read_workdir_config(path)
+  if workdir_config is not None:
+    return _load_workdir(path, workdir_config, step, overrides)
+  if step is not None:
+    raise CheckpointError(
+        f"step={step} applies to albert_jax training workdirs; {path} is not "
+        "one (it has no trainer config.json with checkpoints/).")
   if not os.path.exists(os.path.join(path, "config.json")):
     raise CheckpointError(
         f"{path} has no config.json; expected a directory written by "
@@ -311,3 +335,86 @@ def _tokenizer(path: str):
   """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt)."""
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   return Tokenizer.find_in(path)
+
+
+################################################################################
+# albert_jax training workdirs.
+################################################################################
+
+
+def _read_workdir_config(path: str) -> dict | None:
+  """The trainer's resolved config (config.json), or None for an HF dir.
+
+  A trainer config is a JSON object with a `model` section; an HF config is
+  flat (`model_type`, `hidden_size`, ...). A `checkpoints/` directory without
+  a trainer config is an error rather than an HF directory.
+  """
+  config_path = os.path.join(path, "config.json")
+  has_checkpoints = os.path.isdir(os.path.join(path, "checkpoints"))
+  if not os.path.exists(config_path):
+    if has_checkpoints:
+      raise CheckpointError(
+          f"{path} has checkpoints/ but no config.json; the trainer writes "
+          "the run's config there, which is needed to rebuild the model.")
+    return None
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    if has_checkpoints:
+      raise CheckpointError(f"{config_path} is not readable JSON: {e}") from e
+    return None  # the HF path reports its own error
+  if isinstance(config, dict) and isinstance(config.get("model"), dict):
+    return config
+  if has_checkpoints and "model_type" not in config:
+    raise CheckpointError(
+        f"{config_path} has no `model` section; expected the config.json "
+        "that albert_jax's trainer writes into its workdir.")
+  return None
+
+
+def _workdir_tokenizer(path: str, config: Mapping[str, Any]):
+  """The tokenizer the run trained with: data.tokenizer or WORKDIR/spm."""
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  configured = str((config.get("data") or {}).get("tokenizer") or "")
+  own = os.path.join(path, "spm", "spiece.model")
+  # The trainer's order: a configured tokenizer wins over the workdir's.
+  for candidate in (configured, own) if configured else (own,):
+    if candidate and os.path.exists(candidate):
+      return Tokenizer.from_file(candidate)
+  log.warning("No tokenizer found for %s (looked for %s); .tokenizer is None.",
+              path, " and ".join(c for c in (configured, own) if c))
+  return None
+
+
+def _load_workdir(path: str, config: Mapping[str, Any], step: int | None,
+                  overrides: Mapping[str, Any]) -> Pretrained:
+  """`load_pretrained` for an albert_jax training workdir."""
+  from albert_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  note = f" with overrides {dict(overrides)}" if overrides else ""
+  try:
+    cfg = ModelConfig.from_dict({**config["model"], **overrides})
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(
+        f"{path}/config.json: the model section{note} is not a valid "
+        f"ModelConfig: {e}") from e
+  objective = (config.get("data") or {}).get("objective", "sop")
+  heads = ("mlm", "sop") if objective in ("sop", "nsp") else ("mlm",)
+  _, abstract = _abstract_params(cfg, True, heads)
+  try:
+    params, restored_step = checkpoints.restore_params(path, abstract,
+                                                       step=step)
+  except FileNotFoundError as e:
+    raise CheckpointError(f"Workdir {path}: {e}") from e
+  except checkpoints.CheckpointShapeError as e:
+    raise CheckpointError(
+        f"Workdir {path}: its config.json{note} (objective {objective!r}, "
+        f"heads {heads}) does not describe the model in checkpoint step "
+        f"{e.step}.\n{e}") from e
+  except checkpoints.UnreadableCheckpointError as e:
+    raise CheckpointError(f"Workdir {path}: {e}") from e
+  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
+  return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
+                    params=params, tokenizer=_workdir_tokenizer(path, config),
+                    heads=heads, pooler=True, missing=(),
+                    step=restored_step)
