@@ -126,9 +126,58 @@ def tiny_model(*, share: str = "all", projection: bool = True,
   return model_config(**values)
 
 
-def base_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A full config around a model section."""
-  config = ml_collections.ConfigDict()
-  config.model = model
-  config.seed = 0
-  return config
+BUNDLED_CORPUS = "bundled"  # albert_jax/data/bundled/corpus/*.txt.gz
+
+
+def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
+                optimizer: str = "lamb", learning_rate: float = 0.00176,
+                batch_size: int = 4096, num_train_steps: int = 125_000,
+                warmup_steps: int = 3125, max_seq_length: int = 512,
+                max_predictions: int = 20) -> ml_collections.ConfigDict:
+  """A full pre-training config around a model section.
+
+  Defaults are the paper's ALBERT recipe: batch 4096, LAMB at lr 0.00176,
+  125k steps with 3125 warmup, sequences of 512 with 20 predictions.
+  """
+  c = ml_collections.ConfigDict()
+  c.model = model
+  c.seed = 0
+
+  # Text → instances. An empty tokenizer/data_dir means: build it in the
+  # workdir from `corpus` (trained / prepared once, reused on resume).
+  c.data = ml_collections.ConfigDict(dict(
+      corpus=BUNDLED_CORPUS, format="sentences", tokenizer="",
+      data_dir="", max_seq_length=max_seq_length, objective=objective,
+      short_seq_prob=0.1, dupe_factor=1, nsp_negatives_in_sop=False,
+      eval_fraction=0.01, num_workers=1, prefetch=2, dynamic_masking=True))
+  c.masking = ml_collections.ConfigDict(dict(
+      max_predictions=max_predictions, masked_lm_prob=0.15, max_ngram=3,
+      favor_shorter_ngram=True, whole_word=True))
+
+  c.batch_size = batch_size  # global, across all hosts
+  c.accumulation_steps = 1   # micro-batches per step, inside the jitted step
+  c.num_train_steps = num_train_steps
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
+      end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
+      weight_decay=0.01, bias_correction=False, clip_norm=1.0))
+
+  # Mesh axes and sizes (-1: the rest of the devices) and the rules that map
+  # logical parameter/activation axes onto them.
+  # Tuples, because ml-collections can override tuple fields from the command
+  # line (--config.mesh="(('data',16),('fsdp',4))") but not list fields.
+  c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
+  from albert_jax import sharding  # pylint: disable=g-import-not-at-top
+  c.sharding_rules = tuple(
+      (name, tuple(t) if isinstance(t, (list, tuple)) else t)
+      for name, t in sharding.DEFAULT_RULES)
+
+  c.log_every_steps = 50
+  c.eval_every_steps = 1000
+  c.eval_batches = 10
+  c.checkpoint_every_steps = 1000
+  c.keep_checkpoints = 3
+  c.best_metric = "mlm_accuracy"  # eval metric the best checkpoint is kept by
+  c.async_checkpoints = True
+  c.peak_tflops_per_device = 0.0  # 0: look up the device kind for MFU
+  return c

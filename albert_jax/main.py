@@ -1,0 +1,165 @@
+r"""albert_jax's command line: pre-train (and, by config, fine-tune).
+
+  python -m albert_jax.main --config=configs/demo.py --workdir=/tmp/demo
+  python -m albert_jax.main --config=configs/albert_base.py:version=1 \
+      --workdir=gs://bucket/run --config.batch_size=512 \
+      --config.optimizer.learning_rate=3e-4
+
+Every field of the config can be overridden with `--config.a.b=value`; the
+config is locked, so a key that does not exist fails with the closest valid
+names. `--compile_only` compiles the train step ahead of time for the config's
+mesh (with `--num_fake_devices=N` CPU devices standing in for accelerators)
+and prints per-device memory without running anything. Multi-host runs
+(TPU pods) initialise `jax.distributed` when `--distributed` is set, or when
+coordinator flags are given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+
+
+def _early_fake_devices(argv: list[str]) -> None:
+  """--num_fake_devices must act before jax is imported anywhere."""
+  for i, arg in enumerate(argv):
+    value = None
+    if arg.startswith("--num_fake_devices="):
+      value = arg.split("=", 1)[1]
+    elif arg == "--num_fake_devices" and i + 1 < len(argv):
+      value = argv[i + 1]
+    if value and int(value) > 0:
+      flags = os.environ.get("XLA_FLAGS", "")
+      os.environ["XLA_FLAGS"] = (
+          f"{flags} --xla_force_host_platform_device_count={int(value)}")
+      os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+_early_fake_devices(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+import jax
+from ml_collections import config_flags
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (`path.py[:arg]`).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and "
+                               "prepared data go; a run resumes from it.")
+_COMPILE_ONLY = flags.DEFINE_bool(
+    "compile_only", False, "Compile the train step and print per-device "
+    "memory; run nothing.")
+flags.DEFINE_integer("num_fake_devices", 0, "Use N CPU devices (set before "
+                     "JAX starts) to compile for a mesh you do not have.")
+_DEVICE_MEMORY = flags.DEFINE_float(
+    "device_memory_gib", None, "Per-device memory for --compile_only's "
+    "fits / does-not-fit verdict (10% headroom kept).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Call jax.distributed.initialize() (TPU pods "
+    "auto-detect their coordinator).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0, for multi-host.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "Processes in a multi-host run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "This process's index in a multi-host run.")
+
+
+def config_key_error(config, key: str) -> str:
+  """A message naming the closest valid keys for a dotted `key`."""
+  node, parts = config, key.split(".")
+  for i, part in enumerate(parts):
+    keys = list(node.keys()) if hasattr(node, "keys") else []
+    if part not in keys:
+      close = difflib.get_close_matches(part, keys, n=3, cutoff=0.5)
+      where = ".".join(parts[:i]) or "config"
+      hint = f" Did you mean {', '.join(close)}?" if close else ""
+      return (f"Unknown config key {key!r}: {where} has no field {part!r}."
+              f"{hint} Valid fields there: {', '.join(sorted(keys))}.")
+    node = node[part]
+  return f"Bad config key {key!r}."
+
+
+def _check_overrides(argv: list[str]) -> None:
+  """Fails fast, with suggestions, on `--config.x.y` keys that do not exist."""
+  config = _CONFIG.value
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    key = arg[len("--config."):].split("=", 1)[0]
+    node = config
+    for part in key.split("."):
+      if hasattr(node, "keys") and part in node.keys():
+        node = node[part]
+      else:
+        raise app.UsageError(config_key_error(config, key))
+
+
+def maybe_initialize_distributed() -> None:
+  if _COORDINATOR.value or _DISTRIBUTED.value:
+    if jax.distributed.is_initialized():
+      return
+    kwargs = {}
+    if _COORDINATOR.value:
+      kwargs = dict(coordinator_address=_COORDINATOR.value,
+                    num_processes=_NUM_PROCESSES.value,
+                    process_id=_PROCESS_ID.value)
+    jax.distributed.initialize(**kwargs)
+
+
+def _quiet_libraries() -> None:
+  """Our progress at INFO; orbax's and jax's per-save chatter only if bad."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger("albert_jax").setLevel(logging.INFO)
+
+
+def main(argv):
+  del argv
+  _quiet_libraries()
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config is required, e.g. "
+                         "--config=configs/demo.py.")
+  maybe_initialize_distributed()
+  if _COMPILE_ONLY.value:
+    from albert_jax import compile_only  # pylint: disable=g-import-not-at-top
+    compile_only.report(config, device_memory_gib=_DEVICE_MEMORY.value)
+    return
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required.")
+  task = config.get("task", "pretrain")
+  if task == "pretrain":
+    from albert_jax import train  # pylint: disable=g-import-not-at-top
+    result = train.run(config, _WORKDIR.value)
+  else:
+    raise app.UsageError(f"Unknown config.task {task!r}.")
+  if jax.process_index() == 0:
+    from albert_jax import metrics  # pylint: disable=g-import-not-at-top
+    print(metrics.final_summary(result))
+
+
+def run():
+  # Unknown keys are checked before absl parses them, so the message can
+  # name the closest valid fields instead of absl's bare "unknown flag".
+  def parse(argv):
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      bad = [a for a in argv if a.startswith("--config.")]
+      try:
+        config = _CONFIG.value
+      except flags.UnparsedFlagAccessError:
+        config = None
+      if config is not None and bad:
+        _check_overrides(bad)
+      raise app.UsageError(str(e)) from e
+  app.run(main, flags_parser=parse)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,214 @@
+"""What users see: TensorBoard events, a console progress bar, MFU.
+
+MFU (model FLOPs utilisation) = analytic training FLOPs per step
+(`albert_jax.flops.training_flops_per_step`: 3 × forward matmul FLOPs,
+remat and padding not credited) ÷ step time ÷ (peak FLOP/s per device ×
+devices). Peaks are dense bf16 matrix throughput per chip from the vendors'
+data sheets; `config.peak_tflops_per_device` overrides the lookup (needed on
+CPU, where no peak is defined and MFU is not reported).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import struct
+import sys
+import time
+from typing import Mapping
+
+# Dense bf16 TFLOP/s per chip (per device as JAX counts them).
+PEAK_TFLOPS = {
+    "TPU v3": 123.0,
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,   # v5e
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+    "TPU v5": 459.0,
+    "TPU v6 lite": 918.0,   # v6e (Trillium)
+    "TPU v6e": 918.0,
+    "NVIDIA H100": 989.0,   # SXM; PCIe is 756
+    "NVIDIA H200": 989.0,
+}
+
+
+def peak_tflops(device_kind: str, override: float = 0.0) -> float | None:
+  """Peak TFLOP/s for a `jax.Device.device_kind`, or None if unknown."""
+  if override and override > 0:
+    return float(override)
+  best = None
+  for name, peak in PEAK_TFLOPS.items():
+    if device_kind.startswith(name) and (best is None or len(name) > best[0]):
+      best = (len(name), peak)
+  if best is None:
+    return None
+  if device_kind.startswith("NVIDIA H100") and "PCIe" in device_kind:
+    return 756.0
+  return best[1]
+
+
+def _crc32c_table() -> list[int]:
+  table = []
+  for i in range(256):
+    crc = i
+    for _ in range(8):
+      crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    table.append(crc)
+  return table
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+  """TFRecord's checksum: CRC-32C, rotated and offset."""
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  crc ^= 0xFFFFFFFF
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n: int) -> bytes:
+  out = bytearray()
+  while True:
+    byte = n & 0x7F
+    n >>= 7
+    out.append(byte | (0x80 if n else 0))
+    if not n:
+      return bytes(out)
+
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+  key = _varint((number << 3) | wire)
+  if wire == 2:
+    return key + _varint(len(payload)) + payload
+  return key + payload
+
+
+def _event(step: int, wall_time: float, scalars=None, version=None) -> bytes:
+  """A serialised tensorflow.Event protobuf (scalars as simple_value)."""
+  out = _field(1, 1, struct.pack("<d", wall_time))
+  out += _field(2, 0, _varint(step))
+  if version is not None:
+    out += _field(3, 2, version.encode())
+  if scalars:
+    values = b"".join(
+        _field(1, 2, _field(1, 2, tag.encode())
+               + _field(2, 5, struct.pack("<f", value)))
+        for tag, value in scalars.items())
+    out += _field(5, 2, values)
+  return out
+
+
+class Writer:
+  """Scalars to TensorBoard event files and a JSONL log (process 0 only).
+
+  The event file is written directly (TFRecord framing of `Event` protos),
+  so logging needs neither TensorFlow nor torch.
+  """
+
+  def __init__(self, logdir: str, enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:
+      return
+    os.makedirs(logdir, exist_ok=True)
+    name = (f"events.out.tfevents.{int(time.time())}."
+            f"{socket.gethostname()}.{os.getpid()}")
+    self._events = open(os.path.join(logdir, name), "ab")
+    self._jsonl = open(os.path.join(logdir, "metrics.jsonl"), "a",
+                       encoding="utf-8")
+    self._record(_event(0, time.time(), version="brain.Event:2"))
+
+  def _record(self, data: bytes) -> None:
+    header = struct.pack("<Q", len(data))
+    self._events.write(header + struct.pack("<I", _masked_crc32c(header))
+                       + data + struct.pack("<I", _masked_crc32c(data)))
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if not self.enabled:
+      return
+    clean = {k: float(v) for k, v in scalars.items()
+             if v is not None and math.isfinite(float(v))}
+    self._record(_event(step, time.time(), clean))
+    self._events.flush()
+    self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+    self._jsonl.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self._events.close()
+      self._jsonl.close()
+
+
+class Progress:
+  """A one-line console progress bar: step, rate, throughput, loss, ETA.
+
+  On a terminal it redraws in place; otherwise (logs, CI) it prints a line
+  every `every` steps.
+  """
+
+  def __init__(self, total: int, start: int = 0, stream=sys.stderr,
+               every: int = 50, enabled: bool = True):
+    self.total, self.start = total, start
+    self.stream, self.every, self.enabled = stream, every, enabled
+    self.tty = hasattr(stream, "isatty") and stream.isatty()
+    self._t0 = time.time()
+    self._last = 0.0
+
+  def update(self, step: int, info: Mapping[str, float]) -> None:
+    if not self.enabled:
+      return
+    now = time.time()
+    done = step - self.start
+    final = step >= self.total
+    if self.tty and not final and now - self._last < 0.2:
+      return
+    if not self.tty and not final and step % self.every:
+      return
+    self._last = now
+    rate = done / max(now - self._t0, 1e-9)
+    eta = (self.total - step) / rate if rate > 0 else float("inf")
+    width = 24
+    filled = int(width * step / max(self.total, 1))
+    bar = "█" * filled + "·" * (width - filled)
+    parts = [f"{step}/{self.total} {bar}", f"{rate:.2f} it/s"]
+    for key in ("seq_per_sec", "loss", "mlm_accuracy", "sop_accuracy"):
+      if key in info and info[key] is not None:
+        parts.append(f"{key.replace('_per_sec', '/s')} {info[key]:.3g}")
+    parts.append(f"ETA {_duration(eta)}")
+    line = " | ".join(parts)
+    if self.tty:
+      self.stream.write("\r" + line + ("\n" if final else ""))
+    else:
+      self.stream.write(line + "\n")
+    self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def final_summary(result: Mapping[str, float]) -> str:
+  """The closing lines of a run: MLM accuracy beside the unigram baseline."""
+  if "preempted_at" in result:
+    return (f"Stopped by SIGTERM after step {result['preempted_at']}; the "
+            "checkpoint is saved and the same command resumes.")
+  lines = [f"Finished at step {result.get('step')}."]
+  if "eval_mlm_accuracy" in result:
+    lines.append(
+        f"held-out MLM accuracy {result['eval_mlm_accuracy']:.4f} "
+        f"(unigram-frequency baseline "
+        f"{result.get('eval_unigram_baseline_accuracy', float('nan')):.4f}), "
+        f"MLM loss {result['eval_mlm_loss']:.3f}")
+  if "eval_sop_accuracy" in result:
+    lines.append(f"held-out SOP accuracy {result['eval_sop_accuracy']:.4f} "
+                 "(chance 0.5)")
+  return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""The CLI end to end: tokenizer and data built in the workdir, training,
+eval, checkpoints, TensorBoard events, the recorded config, and errors."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import albert_jax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(os.path.dirname(albert_jax.__file__), "data", "bundled",
+                      "corpus")
+
+
+def _cli(*args, timeout=600):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run(
+      [sys.executable, "-m", "albert_jax.main", *args], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+  """~60 documents in the official format, gzipped."""
+  out = tmp_path_factory.mktemp("corpus") / "moby.txt.gz"
+  with gzip.open(os.path.join(CORPUS, "moby_dick.txt.gz"), "rt",
+                 encoding="utf-8") as f, gzip.open(out, "wt",
+                                                   encoding="utf-8") as g:
+    docs = 0
+    for line in f:
+      g.write(line)
+      docs += line.strip() == ""
+      if docs >= 60:
+        break
+  return str(out)
+
+
+TINY_RUN = [
+    "--config=configs/tiny.py",
+    "--config.num_train_steps=12",
+    "--config.batch_size=8",
+    "--config.data.max_seq_length=32",
+    "--config.masking.max_predictions=5",
+    "--config.data.eval_fraction=0.2",
+    "--config.optimizer.warmup_steps=2",
+    "--config.log_every_steps=4",
+    "--config.eval_every_steps=6",
+    "--config.eval_batches=2",
+    "--config.checkpoint_every_steps=6",
+    "--config.model.vocab_size=600",
+]
+
+
+@pytest.fixture(scope="module")
+def trained_run(small_corpus, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("run"))
+  proc = _cli(*TINY_RUN, f"--config.data.corpus={small_corpus}",
+              f"--workdir={workdir}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir, proc
+
+
+def test_run_builds_data_trains_and_reports(trained_run):
+  workdir, proc = trained_run
+  # Tokenizer and data were built in the workdir on first use.
+  assert os.path.exists(os.path.join(workdir, "spm", "spiece.model"))
+  assert os.path.exists(os.path.join(workdir, "data", "dataset.json"))
+  # Progress bar and the closing summary.
+  assert "12/12" in proc.stderr
+  assert "held-out MLM accuracy" in proc.stdout
+  assert "unigram-frequency baseline" in proc.stdout
+  assert "held-out SOP accuracy" in proc.stdout
+  final = json.load(open(os.path.join(workdir, "final_metrics.json")))
+  assert final["step"] == 12
+  for key in ("eval_mlm_accuracy", "eval_mlm_loss", "eval_sop_accuracy",
+              "eval_unigram_baseline_accuracy"):
+    assert 0.0 <= final[key] < 20.0, key
+
+
+def test_run_records_config_commit_and_metrics(trained_run):
+  workdir, _ = trained_run
+  config = json.load(open(os.path.join(workdir, "config.json")))
+  assert config["num_train_steps"] == 12
+  assert config["model"]["vocab_size"] == 600
+  commit = open(os.path.join(workdir, "git_commit.txt")).read().strip()
+  assert commit  # a hash, or "unknown" outside a checkout
+  events = os.listdir(os.path.join(workdir, "tensorboard"))
+  assert any(e.startswith("events.out.tfevents") for e in events)
+  rows = [json.loads(l) for l in open(
+      os.path.join(workdir, "tensorboard", "metrics.jsonl"))]
+  train_keys = set().union(*(r.keys() for r in rows if "train/loss" in r))
+  for key in ("train/loss", "train/mlm_accuracy", "train/sop_accuracy",
+              "train/learning_rate", "train/grad_norm", "train/param_norm",
+              "train/seq_per_sec", "train/tokens_per_sec"):
+    assert key in train_keys, key
+  assert [r["step"] for r in rows if "train/loss" in r] == [4, 8, 12]
+  assert any("eval/mlm_accuracy" in r for r in rows)
+  # Checkpoints at 6 and 12.
+  steps = sorted(int(d) for d in os.listdir(os.path.join(workdir,
+                                                        "checkpoints"))
+                 if d.isdigit())
+  assert steps == [6, 12]
+
+
+def test_rerun_of_finished_run_is_a_no_op(trained_run, small_corpus):
+  workdir, _ = trained_run
+  before = json.load(open(os.path.join(workdir, "final_metrics.json")))
+  proc = _cli(*TINY_RUN, f"--config.data.corpus={small_corpus}",
+              f"--workdir={workdir}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  after = json.load(open(os.path.join(workdir, "final_metrics.json")))
+  assert after == before
+
+
+def test_unknown_config_key_suggests_closest(tmp_path):
+  proc = _cli("--config=configs/tiny.py", "--config.optimizer.learnig_rate=1",
+              f"--workdir={tmp_path}", timeout=120)
+  assert proc.returncode != 0
+  assert "learnig_rate" in proc.stderr
+  assert "learning_rate" in proc.stderr
+
+
+def test_unwritable_workdir_is_a_clear_error(tmp_path):
+  target = tmp_path / "file"
+  target.write_text("not a directory")
+  proc = _cli("--config=configs/tiny.py", f"--workdir={target}/sub",
+              timeout=120)
+  assert proc.returncode != 0
+  assert "Cannot write to workdir" in proc.stderr
+
+
+def test_vocab_mismatch_names_the_fix(small_corpus, tmp_path):
+  run = [a for a in TINY_RUN if "vocab_size" not in a]
+  workdir = tmp_path / "w"
+  # Train a 600-piece tokenizer, then ask for a 1000-word model with it.
+  first = _cli(*TINY_RUN, f"--config.data.corpus={small_corpus}",
+               "--config.num_train_steps=0", f"--workdir={workdir}")
+  assert first.returncode == 0, first.stderr[-2000:]
+  proc = _cli(*run, f"--config.data.corpus={small_corpus}",
+              f"--config.data.tokenizer={workdir}/spm/spiece.model",
+              f"--workdir={tmp_path / 'other'}")
+  assert proc.returncode != 0
+  assert "--config.model.vocab_size=600" in proc.stderr
