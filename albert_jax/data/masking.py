@@ -12,6 +12,13 @@ shuffled start word of every row simultaneously, so Python loops over rounds
 comes from a counter-based hash of (key, round, position): a row's masks
 depend only on its own key, not on the batch it lands in, which is what makes
 static masking and exact resume possible.
+
+For speed (see experiments/benchmarks/data_throughput.py), words are numbered
+across the whole batch so that lookups are 1-D gathers, everything a round
+needs that does not depend on earlier rounds is computed for a block of
+rounds at once, only as many places of the shuffled order as the rounds reach
+are sorted, and random draws are made only where they are used. `_uniform`
+defines the streams; the batch code draws the same values.
 """
 
 from __future__ import annotations
@@ -60,9 +67,10 @@ def _mix(x: np.ndarray) -> np.ndarray:
   return x ^ (x >> np.uint64(31))
 
 
-def _mix_inplace(x: np.ndarray) -> np.ndarray:
-  """`_mix` on an owned uint64 array, overwriting it (one temporary)."""
-  t = np.right_shift(x, np.uint64(30))
+def _mix_inplace(x: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+  """`_mix` on an owned uint64 array, overwriting it; `t`: scratch space of
+  x's shape (allocated if None)."""
+  t = np.right_shift(x, np.uint64(30), out=t)
   x ^= t
   x *= np.uint64(0xBF58476D1CE4E5B9)
   np.right_shift(x, np.uint64(27), out=t)
@@ -151,18 +159,20 @@ def mask_batch(input_ids: np.ndarray,
   ids = np.asarray(input_ids)
   batch, length = ids.shape
   valid = np.asarray(attention_mask) != 0
-  # (np.take is a faster gather than fancy indexing; in-place ops keep the
-  # number of fresh [B, T] arrays down.)
-  maskable = np.take(np.asarray(special, bool), ids)
-  np.logical_not(maskable, out=maskable)
+  # One gather of a per-piece code: 0 = word start, 1 = other maskable
+  # piece, 2/3 = special. (np.take is faster than fancy indexing; in-place
+  # ops keep the number of fresh [B, T] arrays down.)
+  code = np.asarray(special, bool).astype(np.uint8) << 1
+  if config.whole_word:
+    code |= ~np.asarray(word_start, bool)
+  code = np.take(code, ids)
+  maskable = code < 2
   maskable &= valid
   # Word structure. A word is a start piece and the non-start pieces after
   # it; with whole_word off every maskable token is its own word.
-  if config.whole_word:
-    starts = np.take(np.asarray(word_start, bool), ids)
-    starts &= maskable
-  else:
-    starts = maskable.copy()
+  starts = code == 0
+  starts &= valid
+  del code
   # A continuation piece right after a special token (e.g. a segment that
   # begins mid-word after truncation) starts a word of its own.
   after_unmaskable = ~maskable[:, :-1]
@@ -201,41 +211,56 @@ def mask_batch(input_ids: np.ndarray,
 
   # Shuffled order of start words: ascending random keys (stream 1, 53-bit
   # uniforms; ties by word index, i.e. a stable argsort), absent words last.
-  # Keys and word indices are packed into one uint64 so a plain sort does
-  # it, and only as many places as the rounds reach are sorted.
-  order_bits = _bits53(_row_base(keys, 1)[:, None],
-                       np.arange(max_words, dtype=np.uint64))
+  # Rounds run in blocks, the first of about the budget (rarely exceeded),
+  # each next one 4x longer; only as many places as they reach are sorted.
+  head = min(max_words, config.max_predictions + 8)
   word_idx = np.arange(max_words, dtype=itype)
-  absent = word_idx[None, :] >= num_words[:, None]
   shift = max(1, (max_words - 1).bit_length())
   if shift <= 10:  # 53 key bits + 1 "absent" bit + shift fit in 64 bits
-    order_bits[absent] = np.uint64(1 << 53)
-    order_bits <<= np.uint64(shift)
-    order_bits |= word_idx.astype(np.uint64)
+    # Keys and word indices packed into one uint64, so a plain sort (or
+    # partition) does it. Made a few rows at a time, in cache.
+    order_bits = np.empty((batch, max_words), np.uint64)
+    order_base = _row_base(keys, 1)[:, None]
+    with np.errstate(over="ignore"):
+      step = (np.arange(max_words, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+    word_bits = word_idx.astype(np.uint64)
+    chunk = max(1, (1 << 15) // max_words)
+    scratch = np.empty((min(chunk, batch), max_words), np.uint64)
+    for c0 in range(0, batch, chunk):
+      part = order_bits[c0:c0 + chunk]
+      np.add(order_base[c0:c0 + chunk], step, out=part)  # as _bits53
+      _mix_inplace(part, scratch[:len(part)])
+      part >>= np.uint64(11)
+      part[word_idx >= num_words[c0:c0 + chunk, None]] = np.uint64(1 << 53)
+      part <<= np.uint64(shift)
+      part |= word_bits
+      if head < max_words:  # the `head` smallest keys first (in place)
+        part.partition(head - 1, axis=1)
+    del scratch
     low_bits = np.uint64((1 << shift) - 1)
 
     def sorted_order(places):
       """Columns 0..places-1 of the sorted order: [B, places]."""
-      if places < max_words:  # the `places` smallest keys, sorted
-        order_bits.partition(places - 1, axis=1)  # in place: keys permuted
-        packed = np.sort(order_bits[:, :places], axis=1)
-      else:
+      if places == max_words:
         packed = np.sort(order_bits, axis=1)
+      else:
+        if places != head:  # (`head` is done above)
+          order_bits.partition(places - 1, axis=1)
+        packed = np.sort(order_bits[:, :places], axis=1)
       packed &= low_bits
       return packed.astype(itype)
   else:
-    order_keys = _to_unit(order_bits)
-    order_keys[absent] = 2.0
+    order_keys = _to_unit(_bits53(_row_base(keys, 1)[:, None],
+                                  np.arange(max_words, dtype=np.uint64)))
+    order_keys[word_idx[None, :] >= num_words[:, None]] = 2.0
 
     def sorted_order(places):
       return np.argsort(order_keys, axis=1, kind="stable")[:, :places].astype(
           itype)
-  del absent
   cdf = np.cumsum(config.ngram_probs)
   draw_base = _row_base(keys, 2)
   max_ngram = config.max_ngram
   offsets = np.arange(max_ngram, dtype=itype)
-  never = np.iinfo(itype).max
 
   def plan(r0, r1):
     """Everything about rounds r0..r1-1 that does not depend on earlier
@@ -277,9 +302,7 @@ def mask_batch(input_ids: np.ndarray,
   # the end (never set) keep span lookups past the last word in bounds.
   covered = np.zeros(total_words + max_ngram, bool)
   count = np.zeros(batch, itype)
-  # Rounds run in blocks, the first of about the budget (rarely exceeded),
-  # each next one 4x longer.
-  r0, r1 = 0, min(max_words, config.max_predictions + 8)
+  r0, r1 = 0, head
   while r0 < max_words:
     budget_or_none, span_tokens, added, span_words = plan(r0, r1)
     for j in range(r1 - r0):
