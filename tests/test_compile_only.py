@@ -73,7 +73,8 @@ def runs():
           [sys.executable, __file__], cwd=ROOT, env=_env(),
           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
   }
-  procs["cli_mesh"] = _cli("--config.mesh=(('data',2),('fsdp',4))")
+  procs["cli_mesh"] = _cli(*ACTIVATIONS,
+                           "--config.mesh=(('data',2),('fsdp',4))")
   return {name: _finish(proc) for name, proc in procs.items()}
 
 
