@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from albert_jax.data import instances as inst_lib
+from albert_jax import sharding as sharding_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import prepare as prep
@@ -201,9 +202,8 @@ def test_static_and_dynamic_masking(data_dir, vocab, dynamic):
 
 def test_global_arrays_on_mesh(data_dir, vocab):
   mesh = jax.make_mesh((1,), ("data",))
-  sharding = loader_lib.data_sharding(mesh)
-  assert sharding == jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec("data"))
+  sharding = sharding_lib.data_sharding(mesh)
+  assert sharding.spec == jax.sharding.PartitionSpec(("data",))
   loader = _loader(data_dir, vocab, sharding=sharding)
   local = loader.local_batch(2)
   for batch in (loader.batch(2), next(loader.iterate(2))[1]):

@@ -96,12 +96,6 @@ def record_files(data_dir: str, metadata: dict[str, Any], split: str
   return files
 
 
-def data_sharding(mesh, data_axes: str | tuple[str, ...] = "data"):
-  """Sharding for [batch, ...] arrays: batch split over `data_axes`."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axes))
-
-
 class Loader:
   """Masked pre-training batches for one host.
 
