@@ -179,5 +179,8 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   c.keep_checkpoints = 3
   c.best_metric = "mlm_accuracy"  # eval metric the best checkpoint is kept by
   c.async_checkpoints = True
+  # Steps with a NaN/Inf loss or gradient are skipped; this many in a row
+  # stop the run (saved, with the offending parameters named).
+  c.max_consecutive_nonfinite = 20
   c.peak_tflops_per_device = 0.0  # 0: look up the device kind for MFU
   return c

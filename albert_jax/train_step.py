@@ -96,20 +96,89 @@ def _microbatches(batch: dict, count: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+class PretrainingObjective:
+  """MLM (+ SOP/NSP) in sum form; see `objectives`.
+
+  An objective tells the train step three things: the sums one (micro-)batch
+  contributes (`sums`, including one "<term>_loss_sum" per loss term), each
+  term's whole-batch denominator (`denominators`), and the metrics shown from
+  accumulated sums (`metrics`). The loss is Σ_term loss_sum / denominator.
+  """
+
+  def __init__(self, model: nn.Module):
+    self.model = model
+
+  def sums(self, params, batch: dict, rng, deterministic: bool) -> dict:
+    out = self.model.apply(
+        {"params": params}, batch["input_ids"], batch["token_type_ids"],
+        batch["attention_mask"], masked_positions=batch["masked_positions"],
+        deterministic=deterministic,
+        rngs=None if deterministic else {"dropout": rng})
+    return objectives.pretraining_sums(out, batch)
+
+  def denominators(self, batch: dict) -> dict[str, jax.Array]:
+    dens = {"mlm": jnp.sum(batch["masked_weights"].astype(jnp.float32))
+                   + objectives.MLM_EPS}
+    # An MLM-only model may be fed batches without sentence labels.
+    if "sentence_labels" in batch:
+      dens["sop"] = jnp.maximum(jnp.sum(
+          (batch["sentence_labels"] >= 0).astype(jnp.float32)), 1.0)
+    return dens
+
+  def metrics(self, sums: dict) -> dict[str, jax.Array]:
+    return objectives.metrics_from_sums(sums)
+
+
+def _as_objective(model_or_objective):
+  if isinstance(model_or_objective, nn.Module):
+    return PretrainingObjective(model_or_objective)
+  return model_or_objective
+
+
+def nonfinite_leaves(grads: Any) -> jax.Array:
+  """[num_leaves] bool: which gradient leaves hold a NaN or Inf (tree order)."""
+  return jnp.stack([~jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+
+
+def leaf_paths(tree: Any) -> list[str]:
+  """Slash-joined paths of a pytree's leaves, in `nonfinite_leaves` order."""
+  return ["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+          for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _updates_applied(opt_state, default: jax.Array) -> jax.Array:
+  """The learning-rate schedule's own count: steps whose update was applied.
+
+  Skipped (non-finite) steps keep the old optimizer state, so this lags the
+  step counter by the number of skips; the schedule follows it.
+  """
+  is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_sched)
+            if is_sched(s)]
+  return counts[0] if counts else default
+
+
+def make_train_step(objective, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, accumulation_steps: int = 1
                     ) -> Callable[[State, dict], tuple[State, dict]]:
-  """(state, batch) → (state, metrics). Batch: `BATCH_KEYS` arrays [B, ...]."""
+  """(state, batch) → (state, metrics).
+
+  Args:
+    objective: a `PretrainingObjective`-like object, or a pre-training
+      `Albert` module (wrapped in one). Batch arrays are [B, ...].
+    tx, schedule: from `optim.make`.
+    accumulation_steps: micro-batches per step (B must divide by it).
+
+  A step whose loss or gradients are not finite changes neither parameters
+  nor optimizer state (so the learning-rate schedule does not advance
+  either); the step counter still does, so the data moves on.
+  metrics["skipped"] is 1 for it and metrics["nonfinite_grads"] flags the
+  offending gradient leaves (order of `leaf_paths(params)`).
+  """
   if accumulation_steps < 1:
     raise ValueError(f"config.accumulation_steps must be >= 1, got "
                      f"{accumulation_steps}.")
-
-  def forward_sums(params, micro, rng):
-    out = model.apply(
-        {"params": params}, micro["input_ids"], micro["token_type_ids"],
-        micro["attention_mask"], masked_positions=micro["masked_positions"],
-        deterministic=False, rngs={"dropout": rng})
-    return objectives.pretraining_sums(out, micro)
+  objective = _as_objective(objective)
 
   def step(state: State, batch: dict) -> tuple[State, dict]:
     params = state["params"]
@@ -117,32 +186,25 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                              state["step"])
     # Whole-batch denominators, so that each micro-batch's gradient is its
     # share of the full batch's and the accumulated sum is the full gradient.
-    mlm_den = jnp.sum(batch["masked_weights"].astype(jnp.float32)) + (
-        objectives.MLM_EPS)
-    # An MLM-only model may be fed batches without sentence labels.
-    sop_den = jnp.maximum(jnp.sum(
-        (batch["sentence_labels"] >= 0).astype(jnp.float32)), 1.0) if (
-            "sentence_labels" in batch) else None
+    dens = objective.denominators(batch)
 
     def loss_fn(p, micro, micro_rng):
-      sums = forward_sums(p, micro, micro_rng)
-      loss = sums["mlm_loss_sum"] / mlm_den
-      if "sop_loss_sum" in sums:
-        loss = loss + sums["sop_loss_sum"] / sop_den
+      sums = objective.sums(p, micro, micro_rng, deterministic=False)
+      loss = sum(sums[f"{term}_loss_sum"] / den for term, den in dens.items())
       return loss, sums
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accumulation_steps == 1:
-      (_, sums), grads = grad_fn(params, batch, rng)
+      (loss, sums), grads = grad_fn(params, batch, rng)
     else:
       micro = _microbatches(batch, accumulation_steps)
 
       def body(carry, inputs):
         index, mb = inputs
-        (_, s), g = grad_fn(params, mb, jax.random.fold_in(rng, index))
-        acc_g, acc_s = carry
+        (l, s), g = grad_fn(params, mb, jax.random.fold_in(rng, index))
+        acc_g, acc_s, acc_l = carry
         return (jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc_g, g),
-                jax.tree.map(jnp.add, acc_s, s)), None
+                jax.tree.map(jnp.add, acc_s, s), acc_l + l), None
 
       # Sum in float32 even for low-precision parameters, so that many
       # micro-batches do not round away each other's contributions.
@@ -152,20 +214,30 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
           params)
       zeros_s = jax.tree.map(
           lambda x: jnp.zeros(x.shape, x.dtype),
-          jax.eval_shape(lambda: forward_sums(
-              params, jax.tree.map(lambda x: x[0], micro), rng)))
-      (grads, sums), _ = jax.lax.scan(
-          body, (zeros_g, zeros_s),
+          jax.eval_shape(lambda: objective.sums(
+              params, jax.tree.map(lambda x: x[0], micro), rng, False)))
+      (grads, sums, loss), _ = jax.lax.scan(
+          body, (zeros_g, zeros_s, jnp.zeros([], jnp.float32)),
           (jnp.arange(accumulation_steps), micro))
       # Back to the parameters' dtype, as a single step's gradients are.
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
 
+    bad_leaves = nonfinite_leaves(grads)
+    ok = jnp.isfinite(loss) & ~jnp.any(bad_leaves)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
-    metrics = objectives.metrics_from_sums(sums)
+    # A non-finite step keeps the old parameters and optimizer state.
+    keep = lambda new, old: jax.tree.map(
+        lambda n, o: jnp.where(ok, n, o), new, old)
+    new_params = keep(new_params, params)
+    opt_state = keep(opt_state, state["opt_state"])
+    metrics = objective.metrics(sums)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["param_norm"] = optax.tree.norm(new_params)
-    metrics["learning_rate"] = schedule(state["step"])
+    metrics["learning_rate"] = schedule(
+        _updates_applied(state["opt_state"], state["step"]))
+    metrics["skipped"] = 1.0 - ok.astype(jnp.float32)
+    metrics["nonfinite_grads"] = bad_leaves
     new_state = {**state, "step": state["step"] + 1, "params": new_params,
                  "opt_state": opt_state}
     return new_state, metrics
@@ -173,15 +245,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   return step
 
 
-def make_eval_step(model: nn.Module) -> Callable[[Any, dict], dict]:
+def make_eval_step(objective) -> Callable[[Any, dict], dict]:
   """(params, batch) → sums (add them up over batches, then
-  `objectives.metrics_from_sums`)."""
+  `objective.metrics`). `objective` as in `make_train_step`."""
+  objective = _as_objective(objective)
   def step(params, batch):
-    out = model.apply({"params": params}, batch["input_ids"],
-                      batch["token_type_ids"], batch["attention_mask"],
-                      masked_positions=batch["masked_positions"],
-                      deterministic=True)
-    return objectives.pretraining_sums(out, batch)
+    return objective.sums(params, batch, None, deterministic=True)
   return step
 
 

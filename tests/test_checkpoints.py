@@ -27,6 +27,7 @@ import pytest
 
 from albert_jax import checkpoints
 from albert_jax import config_lib
+from albert_jax import loop
 from albert_jax import models
 from albert_jax import optim
 from albert_jax import sharding as sharding_lib
@@ -350,8 +351,8 @@ def spm_model(tmp_path_factory):
 
 def make_workdir(path, config, states, spm=None):
   """A workdir as the trainer leaves it: config.json, spm/, checkpoints/."""
-  train.prepare_workdir(str(path))
-  train.record_config(config, str(path))
+  loop.prepare_workdir(str(path))
+  loop.record_config(config, str(path))
   if spm:
     os.makedirs(path / "spm", exist_ok=True)
     shutil.copy(spm, path / "spm" / "spiece.model")
@@ -423,8 +424,8 @@ def test_load_pretrained_workdir_without_sop_head(tmp_path):
 def test_load_pretrained_workdir_errors(tiny, tmp_path):
   abstract, shardings = tiny
   empty = tmp_path / "empty"
-  train.prepare_workdir(str(empty))
-  train.record_config(tiny_config(), str(empty))
+  loop.prepare_workdir(str(empty))
+  loop.record_config(tiny_config(), str(empty))
   with pytest.raises(CheckpointError, match="No checkpoints"):
     load_pretrained(str(empty))
 

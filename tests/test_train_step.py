@@ -7,6 +7,7 @@ accumulation, and through the sharded, donating `jit_train_step` path.
 
 import functools
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -208,6 +209,8 @@ def run_steps(step_fn, state, batches):
   metrics = []
   for batch in batches:
     state, m = step_fn(state, batch)
+    assert not np.any(m.pop("nonfinite_grads"))
+    assert float(m.pop("skipped")) == 0.0
     metrics.append(jax.tree.map(float, m))
   return state, metrics
 
@@ -366,6 +369,7 @@ def test_loss_decreases_when_memorising_a_batch():
   history = []
   for _ in range(20):
     state, metrics = step(state, BATCHES[0])
+    metrics.pop("nonfinite_grads")
     history.append(jax.tree.map(float, metrics))
   losses = [m["loss"] for m in history]
   assert all(np.isfinite(losses))
@@ -491,3 +495,33 @@ def test_micro_batches_get_their_own_dropout_rngs():
   shared = objectives.metrics_from_sums(jax.tree.map(
       lambda x: 4 * x, per_micro[0]))
   assert abs(float(shared["loss"]) - float(metrics["loss"])) > 1e-4
+
+
+def test_nonfinite_batch_skips_the_update_and_names_the_gradients():
+  """A NaN in the batch (here its MLM weights) leaves parameters and optimizer
+  state untouched, advances the step, and flags the gradient leaves it
+  reached."""
+  _, _, _, state = setup()
+  step = compiled_step(1)
+  bad = {**BATCHES[0], "masked_weights": BATCHES[0]["masked_weights"].at[
+      0, 0].set(jnp.nan)}
+  after_bad, m = step(jax.tree.map(jnp.copy, state), bad)
+  assert float(m["skipped"]) == 1.0
+  assert not np.isfinite(float(m["loss"]))
+  assert int(after_bad["step"]) == 1
+  chex.assert_trees_all_equal(after_bad["params"], state["params"])
+  chex.assert_trees_all_equal(after_bad["opt_state"], state["opt_state"])
+  paths = train_step.leaf_paths(state["params"])
+  flagged = {p for p, b in zip(paths, np.asarray(m["nonfinite_grads"])) if b}
+  assert "embeddings/word_embeddings/embedding" in flagged
+  assert "mlm/output_bias" in flagged
+  # The next finite batch trains exactly as if the bad one never came: the
+  # optimizer (and its learning-rate schedule) did not see the skipped step.
+  after_good, m_good = step(after_bad, BATCHES[1])
+  alone, m_alone = step(jax.tree.map(jnp.copy, state), BATCHES[1])
+  assert float(m_good["skipped"]) == 0.0
+  assert not np.any(np.asarray(m_good["nonfinite_grads"]))
+  assert float(m_good["learning_rate"]) == float(m_alone["learning_rate"])
+  chex.assert_trees_all_equal(after_good["params"], alone["params"])
+  chex.assert_trees_all_equal(after_good["opt_state"], alone["opt_state"])
+  assert int(after_good["step"]) == 2

@@ -1,0 +1,275 @@
+"""The one training loop, shared by pre-training and fine-tuning.
+
+`fit` steps a jitted train step over a stream of batches and does what every
+run needs around it: metrics to TensorBoard and the progress bar, periodic
+evaluation and checkpoints (the best kept by an eval metric), SIGTERM
+(preemption) handling, and the non-finite guard: a step with a NaN/Inf loss
+or gradient is skipped by the train step itself, and after
+`config.max_consecutive_nonfinite` skips in a row the run stops with a message
+naming the step and the offending parameters. What differs between
+pre-training and fine-tuning (data, model, eval) comes in as arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+from albert_jax import checkpoints
+from albert_jax import flops as flops_lib
+from albert_jax import metrics as metrics_lib
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(FloatingPointError):
+  """Too many consecutive steps had a NaN/Inf loss or gradient."""
+
+
+def git_commit() -> str:
+  try:
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__),
+        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def prepare_workdir(workdir: str) -> None:
+  """Creates the workdir, failing early and clearly if it is not writable."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_test")
+    with open(probe, "w", encoding="utf-8") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise PermissionError(
+        f"Cannot write to workdir {workdir} ({e.strerror}); choose a "
+        "directory you can write, e.g. --workdir=/tmp/albert_run.") from e
+
+
+def record_config(config, workdir: str) -> None:
+  """Writes the resolved config and the git commit beside the checkpoints.
+
+  Called once the state is known to fit the config, so a rerun with another
+  config cannot leave a config.json that does not describe the checkpoints.
+  """
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+    with open(os.path.join(workdir, "git_commit.txt"), "w",
+              encoding="utf-8") as f:
+      f.write(git_commit() + "\n")
+
+
+class Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    def handler(signum, frame):
+      del signum, frame
+      self.requested = True
+    try:
+      self._previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+      self._previous = None
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def agreed(self) -> bool:
+    """All hosts stop together, or none does."""
+    if jax.process_count() == 1:
+      return self.requested
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    flags = multihost_utils.process_allgather(np.asarray(self.requested))
+    return bool(np.any(flags))
+
+
+class NonFiniteGuard:
+  """Counts consecutive skipped steps; raises after `limit` of them."""
+
+  def __init__(self, limit: int, param_paths: list[str]):
+    if limit < 1:
+      raise ValueError(f"config.max_consecutive_nonfinite must be >= 1, got "
+                       f"{limit}.")
+    self.limit, self.paths = limit, param_paths
+    self.streak = 0
+    self.total = 0
+
+  def update(self, step: int, skipped: float, bad_leaves: np.ndarray) -> None:
+    """Records step `step`'s outcome (1-based: the step that just ran)."""
+    if not skipped:
+      self.streak = 0
+      return
+    self.streak += 1
+    self.total += 1
+    bad = [p for p, b in zip(self.paths, np.asarray(bad_leaves)) if b]
+    log.warning("Step %d: non-finite loss or gradient, update skipped "
+                "(%d in a row). Non-finite gradients: %s", step, self.streak,
+                ", ".join(bad) or "none (the loss itself)")
+    if self.streak >= self.limit:
+      shown = ", ".join(bad[:20]) + (" …" if len(bad) > 20 else "")
+      raise NonFiniteError(
+          f"Stopped at step {step}: the last {self.streak} steps all had a "
+          f"non-finite loss or gradient. Parameters with non-finite "
+          f"gradients at step {step}: {shown or 'none (the loss itself)'}. "
+          "Lower optimizer.learning_rate, check the data at these steps, "
+          "use float32 (model.dtype), or raise "
+          "config.max_consecutive_nonfinite.")
+
+
+@dataclasses.dataclass
+class FitResult:
+  state: Any
+  last_eval: dict[str, float]
+  preempted_at: int | None
+  skipped_steps: int
+
+
+def fit(config, *, state, train_step: Callable, batches: Iterable,
+        start_step: int, resumed: bool, mngr, workdir: str,
+        evaluate: Callable[[Any, int], dict[str, float]] | None,
+        flops_per_step: float, tokens_per_sequence: int,
+        param_paths: list[str], best_key: str | None = None) -> FitResult:
+  """Runs `train_step` over `batches` up to `config.num_train_steps`.
+
+  Args:
+    config: the run's config (log/eval/checkpoint cadence, batch_size,
+      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+    state: the train state at `start_step`.
+    train_step: jitted (state, batch) → (state, metrics), as built by
+      `train_step.make_train_step` + `jit_train_step`.
+    batches: yields (step, global batch) from `start_step` on.
+    resumed: the state came from a checkpoint at `start_step`.
+    mngr: the workdir's checkpoint manager.
+    evaluate: (state, step) → eval metrics, or None for no evaluation.
+    flops_per_step: training FLOPs of one step, for MFU.
+    tokens_per_sequence: for the tokens/s figure.
+    param_paths: `train_step.leaf_paths(params)`, to name bad gradients.
+    best_key: the eval metric that ranks checkpoints for best-retention
+      (the manager's `best_metric`); None to rank none.
+
+  Returns:
+    The final state, the last eval, the preemption step (if any), and the
+    number of skipped (non-finite) steps.
+  """
+  is_main = jax.process_index() == 0
+  writer = metrics_lib.Writer(os.path.join(workdir, "tensorboard"),
+                              enabled=is_main)
+  progress = metrics_lib.Progress(config.num_train_steps, start_step,
+                                  every=config.log_every_steps,
+                                  enabled=is_main)
+  peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
+                                 config.peak_tflops_per_device)
+  guard = NonFiniteGuard(config.get("max_consecutive_nonfinite", 20),
+                         param_paths)
+  last_eval: dict[str, float] = {}
+  last_eval_step = -1
+  saved = {start_step} if resumed else set()
+
+  def run_eval(step):
+    nonlocal last_eval, last_eval_step
+    if evaluate is None:
+      return
+    last_eval = evaluate(state, step)
+    last_eval_step = step
+    writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
+
+  def save(step, force=False):
+    if step in saved:  # e.g. SIGTERM right after a periodic save
+      return
+    meta = {"step": step, "data_position": step, "seed": config.seed}
+    # Only this step's own eval may rank it for "best" retention.
+    metrics = None
+    if best_key and last_eval_step == step and best_key in last_eval:
+      metrics = {best_key: last_eval[best_key]}
+    checkpoints.save(mngr, state, meta, metrics=metrics, force=force)
+    saved.add(step)
+
+  def check(step, m):
+    """The guard reads a step's flags one step late, so it never stalls the
+    device queue: by then that step has finished."""
+    if m is None:
+      return
+    flags = jax.device_get({"skipped": m["skipped"],
+                            "nonfinite_grads": m["nonfinite_grads"]})
+    try:
+      guard.update(step, float(flags["skipped"]), flags["nonfinite_grads"])
+    except NonFiniteError as e:
+      # The state holds the last finite step's parameters (the step counter
+      # may be one further: the next step was already queued).
+      at = int(jax.device_get(state["step"]))
+      save(at, force=True)
+      mngr.wait_until_finished()
+      writer.close()
+      raise NonFiniteError(
+          f"{e} The parameters of the last finite step were saved as "
+          f"checkpoint {at} in {workdir}.") from None
+
+  t_last, s_last = time.time(), start_step
+  pending = None  # (step, metrics) of the previous step, for the guard
+  with Preemption() as preemption:
+    for step, batch in batches:
+      state, m = train_step(state, batch)
+      done = step + 1
+      if pending is not None:
+        check(*pending)
+      pending = (done, m)
+      last = done == config.num_train_steps
+      if done % config.log_every_steps == 0 or last:
+        check(*pending)
+        pending = None
+        m = jax.device_get(m)
+        m.pop("nonfinite_grads")
+        m = {k: float(v) for k, v in m.items()}
+        now = time.time()
+        dt = (now - t_last) / max(done - s_last, 1)
+        t_last, s_last = now, done
+        m["seq_per_sec"] = config.batch_size / dt
+        m["tokens_per_sec"] = config.batch_size * tokens_per_sequence / dt
+        m["step_time"] = dt
+        m["skipped_steps"] = float(guard.total)
+        if peak:
+          m["mfu"] = flops_lib.mfu(flops_per_step, dt,
+                                   peak * 1e12 * jax.device_count())
+        writer.write(done, {f"train/{k}": v for k, v in m.items()})
+        progress.update(done, m)
+      if done % config.eval_every_steps == 0 and not last:
+        run_eval(done)
+      if done % config.checkpoint_every_steps == 0 and not last:
+        save(done)
+      if preemption.agreed():
+        log.warning("SIGTERM: saving step %d and stopping.", done)
+        save(done, force=True)
+        mngr.wait_until_finished()
+        writer.close()
+        return FitResult(state, last_eval, done, guard.total)
+
+    ############################################################################
+    # Final evaluation and checkpoint (a SIGTERM now waits for the save).
+    ############################################################################
+    if pending is not None:
+      check(*pending)
+    final_step = int(jax.device_get(state["step"]))
+    if last_eval_step != final_step:
+      run_eval(final_step)
+    save(final_step, force=True)
+    mngr.wait_until_finished()
+  writer.close()
+  return FitResult(state, last_eval, None, guard.total)
