@@ -33,6 +33,9 @@ TINY = dict(vocab_size=1000, embedding_size=32, hidden_size=64,
             max_position_embeddings=128)
 
 
+_KIND_NAMES = {int: "an integer", float: "a number"}
+
+
 def parse_arg(arg: str | None, **spec: Any) -> ml_collections.ConfigDict:
   """Parses "k=v,k2=v2" into a ConfigDict typed by `spec`'s defaults.
 
@@ -60,10 +63,14 @@ def parse_arg(arg: str | None, **spec: Any) -> ml_collections.ConfigDict:
         raise ValueError(f"Config argument {key} must be true/false, got "
                          f"{value!r}.")
       result[key] = value.lower() in ("true", "1")
-    elif isinstance(default, int):
-      result[key] = int(value)
-    elif isinstance(default, float):
-      result[key] = float(value)
+    elif isinstance(default, (int, float)):
+      kind = type(default)
+      try:
+        result[key] = kind(value)
+      except ValueError:
+        raise ValueError(
+            f"Config argument {key} must be {_KIND_NAMES[kind]}, got "
+            f"{value!r}; e.g. {key}={default}.") from None
     else:
       result[key] = value
   return result
@@ -183,4 +190,67 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   # stop the run (saved, with the offending parameters named).
   c.max_consecutive_nonfinite = 20
   c.peak_tflops_per_device = 0.0  # 0: look up the device kind for MFU
+  # On CPU: compile with fewer XLA optimisations (smoke runs, debugging).
+  c.fast_compile = False
+  return c
+
+
+def model_overrides(**values: Any) -> ml_collections.ConfigDict:
+  """A model section of overrides: every ModelConfig field, empty (None,
+  typed) unless given, so any can be set from the command line while the
+  rest come from the pre-trained checkpoint."""
+  c = ml_collections.ConfigDict()
+  for field in dataclasses.fields(ModelConfig):
+    if field.name in values:
+      c[field.name] = values[field.name]
+    else:
+      c[field.name] = ml_collections.config_dict.placeholder(
+          type(field.default))
+  unknown = set(values) - {f.name for f in dataclasses.fields(ModelConfig)}
+  if unknown:
+    raise ValueError(f"Unknown model fields {sorted(unknown)}.")
+  return c
+
+
+def finetune_config(task: str, *, learning_rate: float, batch_size: int,
+                    num_train_steps: int, warmup_steps: int,
+                    max_seq_length: int, dropout: float,
+                    optimizer: str = "adamw") -> ml_collections.ConfigDict:
+  """A fine-tuning config (`--config.init=PATH` names the starting model).
+
+  `dropout` is the paper's Table 14 "DR": hidden and attention dropout in the
+  encoder; the task head keeps the official 0.1 (model.classifier_dropout_prob).
+  The official scripts fine-tune with AdamW (no bias correction), linear
+  warmup then linear decay, and clip gradients at global norm 1.
+  """
+  c = ml_collections.ConfigDict()
+  c.job = "finetune"
+  c.init = ""  # albert_jax workdir, HF directory or official TF release
+  c.model = model_overrides(hidden_dropout_prob=dropout,
+                            attention_probs_dropout_prob=dropout)
+  c.seed = 0
+  c.data = ml_collections.ConfigDict(dict(
+      task=task, max_seq_length=max_seq_length, tokenizer="",
+      tfds_data_dir=ml_collections.config_dict.placeholder(str)))
+  c.batch_size = batch_size
+  c.eval_batch_size = 0  # 0: batch_size
+  c.accumulation_steps = 1
+  c.num_train_steps = num_train_steps
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
+      end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
+      weight_decay=0.01, bias_correction=False, clip_norm=1.0))
+  c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
+  from albert_jax import sharding  # pylint: disable=g-import-not-at-top
+  c.sharding_rules = tuple(
+      (name, tuple(t) if isinstance(t, (list, tuple)) else t)
+      for name, t in sharding.DEFAULT_RULES)
+  c.log_every_steps = 50
+  c.eval_every_steps = 1000
+  c.checkpoint_every_steps = 1000
+  c.keep_checkpoints = 2
+  c.async_checkpoints = True
+  c.max_consecutive_nonfinite = 20
+  c.peak_tflops_per_device = 0.0
+  c.fast_compile = False  # on CPU: fewer XLA optimisations, quicker start
   return c

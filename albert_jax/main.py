@@ -132,12 +132,16 @@ def main(argv):
     return
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
-  task = config.get("task", "pretrain")
-  if task == "pretrain":
+  job = config.get("job", "pretrain")
+  if job == "pretrain":
     from albert_jax import train  # pylint: disable=g-import-not-at-top
     result = train.run(config, _WORKDIR.value)
+  elif job == "finetune":
+    from albert_jax.finetune import train as finetune  # pylint: disable=g-import-not-at-top
+    result = finetune.run(config, _WORKDIR.value)
   else:
-    raise app.UsageError(f"Unknown config.task {task!r}.")
+    raise app.UsageError(f"Unknown config.job {job!r}; a config is either "
+                         "'pretrain' or 'finetune'.")
   if jax.process_index() == 0:
     from albert_jax import metrics  # pylint: disable=g-import-not-at-top
     print(metrics.final_summary(result))

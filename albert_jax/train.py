@@ -112,7 +112,8 @@ def run(config, workdir: str) -> dict[str, Any]:
     log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
   else:
     state, _ = step_lib.create_state(model, tx, mesh, rules, rng, seq_len,
-                                     num_predictions)
+                                     num_predictions,
+                                     loop.compiler_options(config))
   start_step = int(jax.device_get(state["step"]))
   loop.record_config(config, workdir)
 
@@ -128,9 +129,10 @@ def run(config, workdir: str) -> dict[str, Any]:
                                        data_sharding, seed=config.seed + 1)
   train = step_lib.jit_train_step(
       step_lib.make_train_step(model, tx, schedule, config.accumulation_steps),
-      shardings, mesh, rules)
+      shardings, mesh, rules, loop.compiler_options(config))
   eval_jit = jax.jit(step_lib.make_eval_step(model),
-                     in_shardings=(shardings["params"], data_sharding))
+                     in_shardings=(shardings["params"], data_sharding),
+                     compiler_options=loop.compiler_options(config))
 
   def eval_step(params, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

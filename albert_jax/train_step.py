@@ -31,15 +31,13 @@ BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask",
               "sentence_labels")
 
 
-def init_fn(model: nn.Module, tx: optax.GradientTransformation,
-            seq_len: int, num_predictions: int) -> Callable[[jax.Array], State]:
-  """rng → fresh state with boxed (logically named) parameters."""
+def state_init_fn(init_params: Callable[[jax.Array], Any],
+                  tx: optax.GradientTransformation
+                  ) -> Callable[[jax.Array], State]:
+  """rng → fresh state, from rng → boxed (logically named) parameters."""
   def init(rng):
     param_rng, state_rng = jax.random.split(rng)
-    ids = jnp.zeros((1, seq_len), jnp.int32)
-    variables = model.init(param_rng, ids, masked_positions=jnp.zeros(
-        (1, num_predictions), jnp.int32))
-    params = variables["params"]
+    params = init_params(param_rng)
     return {
         "step": jnp.zeros([], jnp.int32),
         "params": params,
@@ -49,11 +47,21 @@ def init_fn(model: nn.Module, tx: optax.GradientTransformation,
   return init
 
 
+def init_fn(model: nn.Module, tx: optax.GradientTransformation,
+            seq_len: int, num_predictions: int) -> Callable[[jax.Array], State]:
+  """rng → fresh pre-training state with boxed parameters."""
+  def init_params(rng):
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    return model.init(rng, ids, masked_positions=jnp.zeros(
+        (1, num_predictions), jnp.int32))["params"]
+  return state_init_fn(init_params, tx)
+
+
 def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh,
                  rules, rng: jax.Array, seq_len: int, num_predictions: int,
                  compiler_options: dict[str, Any] | None = None
                  ) -> tuple[State, State]:
-  """Initialises the state directly into its shardings.
+  """Initialises the pre-training state directly into its shardings.
 
   Args:
     compiler_options: passed to `jax.jit` (e.g. a lower XLA optimisation
@@ -62,7 +70,16 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh,
   Returns:
     (state, shardings), both with unboxed parameters.
   """
-  init = init_fn(model, tx, seq_len, num_predictions)
+  return create_state_with(init_fn(model, tx, seq_len, num_predictions), tx,
+                           mesh, rules, rng, compiler_options)
+
+
+def create_state_with(init: Callable[[jax.Array], State],
+                      tx: optax.GradientTransformation, mesh, rules,
+                      rng: jax.Array,
+                      compiler_options: dict[str, Any] | None = None
+                      ) -> tuple[State, State]:
+  """`create_state` for any `state_init_fn`-style initialiser."""
   abstract = jax.eval_shape(init, rng)
   shardings = state_shardings(abstract, tx, mesh, rules)
 

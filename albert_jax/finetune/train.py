@@ -1,0 +1,277 @@
+"""Fine-tuning: one `run(config, workdir)` for every task.
+
+The task (`config.data.task`) supplies data, head, loss, metrics and
+prediction files; the model starts from `config.init` (anything
+`load_pretrained` takes: an albert_jax workdir, an HF directory, an official
+TF release) with `config.model`'s non-empty fields as overrides (dropout,
+dtype, attention kernel). Everything else is the pre-training machinery: the
+same mesh and sharding rules, optimizer, train step (with the task as its
+objective), loop, checkpoints and metrics. At the end the best checkpoint by
+the task's metric writes the prediction files into `workdir/predictions`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax import checkpoints
+from albert_jax import flops as flops_lib
+from albert_jax import loop
+from albert_jax import optim
+from albert_jax import sharding as sharding_lib
+from albert_jax import train_step as step_lib
+from albert_jax.finetune import batching
+from albert_jax.finetune import tasks
+from albert_jax.finetune.task import FineTuneModel
+from albert_jax.finetune.task import Task
+from albert_jax.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class TaskObjective:
+  """A task as the train step's objective: one loss term, "task", whose
+  whole-batch denominator is the number of real rows."""
+
+  def __init__(self, model: FineTuneModel, task: Task):
+    self.model, self.task = model, task
+
+  def outputs(self, params, batch, rng, deterministic: bool) -> dict:
+    return self.model.apply({"params": params}, batch,
+                            deterministic=deterministic,
+                            rngs=None if deterministic else {"dropout": rng})
+
+  def sums(self, params, batch: dict, rng, deterministic: bool) -> dict:
+    sums = self.task.loss_sums(
+        self.outputs(params, batch, rng, deterministic), batch)
+    out = {f"task_{k}": v for k, v in sums.items()}
+    out["task_count"] = jnp.sum(batch["weights"].astype(jnp.float32))
+    return out
+
+  def denominators(self, batch: dict) -> dict[str, jax.Array]:
+    return {"task": jnp.maximum(
+        jnp.sum(batch["weights"].astype(jnp.float32)), 1.0)}
+
+  def metrics(self, sums: dict) -> dict[str, jax.Array]:
+    inner = {k[len("task_"):]: v for k, v in sums.items() if k != "task_count"}
+    return dict(self.task.train_metrics(inner, sums["task_count"]))
+
+
+def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
+  """(model config, pre-trained encoder params or None, tokenizer)."""
+  overrides = {k: v for k, v in config.model.items() if v is not None}
+  if config.init:
+    from albert_jax.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+    pre = load_pretrained(config.init, **overrides)
+    if pre.tokenizer is None and not config.data.get("tokenizer"):
+      raise ValueError(
+          f"{config.init} has no tokenizer; set config.data.tokenizer to its "
+          "SentencePiece .model, vocab.txt or tokenizer.json.")
+    tokenizer = pre.tokenizer
+    if config.data.get("tokenizer"):
+      from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+      tokenizer = Tokenizer.from_file(config.data.tokenizer)
+    encoder = {k: pre.params[k] for k in ("embeddings", "encoder", "pooler")
+               if k in pre.params}
+    if "pooler" not in encoder:
+      log.warning("%s has no pooler weights; the pooler starts from random "
+                  "values.", config.init)
+    return pre.model_config, encoder, tokenizer
+  if not config.data.get("tokenizer"):
+    raise ValueError(
+        "Set config.init to a pre-trained checkpoint (albert_jax workdir, HF "
+        "directory or official ALBERT release) or, to fine-tune from random "
+        "weights, config.data.tokenizer plus the full config.model.")
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  log.warning("config.init is empty: fine-tuning from random weights.")
+  return (ModelConfig.from_dict(overrides), None,
+          Tokenizer.from_file(config.data.tokenizer))
+
+
+def _place_encoder(state, shardings, encoder) -> dict:
+  """Puts the pre-trained arrays into `params["albert"]`, checking shapes."""
+  target = state["params"]["albert"]
+  flat_new = dict(jax.tree_util.tree_flatten_with_path(encoder)[0])
+  problems = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
+    top = getattr(path[0], "key", None)
+    if top not in encoder:
+      continue
+    if path not in flat_new:
+      problems.append(f"{jax.tree_util.keystr(path)}: missing")
+    elif tuple(np.shape(flat_new[path])) != tuple(leaf.shape):
+      problems.append(f"{jax.tree_util.keystr(path)}: checkpoint "
+                      f"{tuple(np.shape(flat_new[path]))}, model "
+                      f"{tuple(leaf.shape)}")
+  if problems:
+    raise ValueError("The pre-trained weights do not fit the model: "
+                     + "; ".join(problems[:10]))
+  def put(path, leaf, sharding):
+    top = getattr(path[0], "key", None)
+    if top not in encoder:
+      return leaf
+    return jax.device_put(jnp.asarray(flat_new[path], leaf.dtype), sharding)
+  albert = jax.tree_util.tree_map_with_path(
+      put, target, shardings["params"]["albert"])
+  return {**state, "params": {**state["params"], "albert": albert}}
+
+
+def _predict_split(predict, params, split, batch_size, data_sharding):
+  """Predictions for all of a split's rows, padding dropped."""
+  batches = batching.ArrayBatches(split.features, batch_size,
+                                  sharding=data_sharding)
+  parts = [jax.device_get(predict(params, b))
+           for b in batches.eval_batches()]
+  return {k: np.concatenate([p[k] for p in parts])[:split.num_rows]
+          for k in parts[0]}
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+  """Fine-tunes per `config` in `workdir`; returns the final metrics."""
+  ##############################################################################
+  # Task, encoder and data.
+  ##############################################################################
+  loop.prepare_workdir(workdir)
+  task = tasks.make_task(config.data.task, config.data)
+  model_config, encoder, tokenizer = encoder_start(config)
+  seq_len = config.data.max_seq_length
+  train_split = task.load(task.train_split, tokenizer, seq_len)
+  eval_splits = [task.load(s, tokenizer, seq_len) for s in task.eval_splits]
+  log.info("%s: %d training rows; eval %s.", task.name, train_split.num_rows,
+           ", ".join(f"{s.name} {s.num_rows}" for s in eval_splits))
+
+  ##############################################################################
+  # Mesh, model, optimizer and state (restored, or pre-trained + new head).
+  ##############################################################################
+  mesh = sharding_lib.make_mesh(config.mesh)
+  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
+  dp = sharding_lib.data_parallel_size(mesh)
+  if config.batch_size % (dp * config.accumulation_steps):
+    raise ValueError(
+        f"batch_size {config.batch_size} must be divisible by the "
+        f"data-parallel size ({dp}) × accumulation_steps "
+        f"({config.accumulation_steps}).")
+  model = FineTuneModel(model_config, task.head(model_config))
+  objective = TaskObjective(model, task)
+  tx, schedule = optim.make(config)
+  example = {k: v[:1] for k, v in train_split.features.items()}
+  example["weights"] = np.ones(1, np.float32)
+  init = step_lib.state_init_fn(
+      lambda r: model.init(r, example, deterministic=True)["params"], tx)
+  rng = jax.random.key(config.seed)
+  abstract_boxed = jax.eval_shape(init, rng)
+  shardings = step_lib.state_shardings(abstract_boxed, tx, mesh, rules)
+  abstract = {**abstract_boxed,
+              "params": nn.meta.unbox(abstract_boxed["params"])}
+  best_key = (task.metric if len(eval_splits) == 1
+              else f"{eval_splits[0].name}/{task.metric}")
+  mngr = checkpoints.manager(workdir, keep=config.keep_checkpoints,
+                             best_metric=best_key,
+                             async_save=config.async_checkpoints)
+  restored = checkpoints.restore_latest(mngr, abstract, shardings)
+  if restored is not None:
+    state, _ = restored
+    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
+  else:
+    state, _ = step_lib.create_state_with(init, tx, mesh, rules, rng,
+                                          loop.compiler_options(config))
+    if encoder is not None:
+      state = _place_encoder(state, shardings, encoder)
+  start_step = int(jax.device_get(state["step"]))
+  loop.record_config(config, workdir)
+
+  ##############################################################################
+  # Steps, evaluation and the loop.
+  ##############################################################################
+  data_sharding = sharding_lib.data_sharding(mesh)
+  train_batches = batching.ArrayBatches(
+      train_split.features, config.batch_size, sharding=data_sharding,
+      seed=config.seed)
+  train = step_lib.jit_train_step(
+      step_lib.make_train_step(objective, tx, schedule,
+                               config.accumulation_steps),
+      shardings, mesh, rules, loop.compiler_options(config))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  predict_jit = jax.jit(
+      lambda p, b: task.predict(objective.outputs(p, b, None, True), b),
+      in_shardings=(shardings["params"], data_sharding),
+      out_shardings=replicated,
+      compiler_options=loop.compiler_options(config))
+
+  def predict(params, batch):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return predict_jit(params, batch)
+
+  eval_batch = config.get("eval_batch_size") or config.batch_size
+
+  def evaluate(st, step):
+    del step
+    out = {}
+    for split in eval_splits:
+      preds = _predict_split(predict, st["params"], split, eval_batch,
+                             data_sharding)
+      metrics = task.evaluate(preds, split)
+      prefix = "" if len(eval_splits) == 1 else f"{split.name}/"
+      out.update({f"{prefix}{k}": float(v) for k, v in metrics.items()})
+    return out
+
+  seq_shape = train_split.features["input_ids"].shape[1:]
+  flops_per_step = flops_lib.training_flops_per_step(
+      model_config, config.batch_size * int(np.prod(seq_shape[:-1])),
+      seq_shape[-1], 0, heads=())
+  out = loop.fit(
+      config, state=state, train_step=train, mngr=mngr, workdir=workdir,
+      batches=train_batches.iterate(
+          start_step, max(config.num_train_steps - start_step, 0)),
+      start_step=start_step, resumed=restored is not None, evaluate=evaluate,
+      flops_per_step=flops_per_step, tokens_per_sequence=int(
+          np.prod(seq_shape)),
+      param_paths=step_lib.leaf_paths(state["params"]), best_key=best_key)
+  if out.preempted_at is not None:
+    return {"preempted_at": out.preempted_at}
+
+  ##############################################################################
+  # The best checkpoint's predictions and the summary.
+  ##############################################################################
+  final_step = int(jax.device_get(out.state["step"]))
+  best_step = mngr.best_step() or final_step
+  params = out.state["params"]
+  if best_step != final_step:
+    params, _ = checkpoints.restore_params(
+        workdir, abstract["params"], step=best_step,
+        sharding=None)
+    params = jax.device_put(params, shardings["params"])
+  pred_dir = os.path.join(workdir, "predictions")
+  written = []
+  best_eval = {}
+  if jax.process_index() == 0:
+    os.makedirs(pred_dir, exist_ok=True)
+  names = list(task.eval_splits) + [s for s in task.predict_splits
+                                    if s not in task.eval_splits]
+  for name in names:
+    split = next((s for s in eval_splits if s.name == name), None) or (
+        task.load(name, tokenizer, seq_len))
+    preds = _predict_split(predict, params, split, eval_batch, data_sharding)
+    if split.has_labels:
+      prefix = "" if len(eval_splits) == 1 else f"{name}/"
+      best_eval.update({f"{prefix}{k}": float(v)
+                        for k, v in task.evaluate(preds, split).items()})
+    if jax.process_index() == 0:
+      written += task.write_predictions(preds, split, pred_dir)
+  result = {"task": task.name, "step": final_step, "best_step": best_step,
+            "skipped_steps": out.skipped_steps,
+            **{f"eval_{k}": v for k, v in best_eval.items()},
+            "predictions": written}
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "final_metrics.json"), "w",
+              encoding="utf-8") as f:
+      json.dump(result, f, indent=2)
+  return result

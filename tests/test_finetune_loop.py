@@ -1,0 +1,226 @@
+"""The fine-tuning run on a toy task: training, eval, best checkpoint,
+predictions, resume, accumulation, and starting from pre-trained weights."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from albert_jax import config_lib
+from albert_jax import layers
+from albert_jax.finetune import batching
+from albert_jax.finetune import task as task_lib
+from albert_jax.finetune import train as ft
+
+import flax.linen as nn
+
+TOKENIZER = os.path.join(os.path.dirname(__file__), "testdata",
+                         "t5_c4_32k.model")
+SEQ = 16
+VOCAB = 50
+FAST_COMPILE = {"xla_backend_optimization_level": 0,
+                "xla_cpu_use_fusion_emitters": False,
+                "xla_llvm_disable_expensive_passes": True}
+
+
+def toy_features(n, seed):
+  """Label 1 iff token 7 fills every other position: learnable from scratch
+  in a few steps."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(8, VOCAB, size=(n, SEQ)).astype(np.int32)
+  labels = rng.integers(0, 2, size=n).astype(np.int32)
+  ids[labels == 1, 1::2] = 7
+  ids[:, 0] = 2
+  mask = np.ones((n, SEQ), np.int32)
+  mask[: n // 3, SEQ - 4:] = 0  # some padding
+  return {"input_ids": ids, "token_type_ids": np.zeros_like(ids),
+          "attention_mask": mask, "labels": labels}
+
+
+class Head(nn.Module):
+  config: object
+
+  @nn.compact
+  def __call__(self, encoded, batch, deterministic):
+    del batch, deterministic
+    return {"logits": layers.Dense((2,), ("embed", "classes"),
+                                   name="out")(encoded["pooled_output"])}
+
+
+class ToyTask(task_lib.Task):
+  name = "toy"
+  metric = "accuracy"
+  eval_splits = ("validation",)
+  predict_splits = ("test",)
+
+  def __init__(self):
+    self.loaded = []
+
+  def load(self, split, tokenizer, max_seq_length):
+    self.loaded.append(split)
+    seed = {"train": 0, "validation": 1, "test": 2}[split]
+    f = toy_features({"train": 64, "validation": 21, "test": 10}[split], seed)
+    return task_lib.Split(split, f, has_labels=split != "test")
+
+  def head(self, model_config):
+    return Head(model_config)
+
+  def loss_sums(self, outputs, batch):
+    logits = outputs["logits"].astype(jnp.float32)
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits),
+                              batch["labels"][:, None], axis=-1)[:, 0]
+    correct = (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)
+    return {"loss_sum": jnp.sum(ce * batch["weights"]),
+            "correct_sum": jnp.sum(correct * batch["weights"])}
+
+  def predict(self, outputs, batch):
+    return {"label": jnp.argmax(outputs["logits"], -1)}
+
+  def evaluate(self, predictions, split):
+    return {"accuracy": float(np.mean(
+        predictions["label"] == split.features["labels"]))}
+
+  def write_predictions(self, predictions, split, directory):
+    path = os.path.join(directory, f"{split.name}.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(str(int(p)) for p in predictions["label"]))
+    return [path]
+
+
+def toy_config(**overrides):
+  c = config_lib.finetune_config(
+      "toy", learning_rate=3e-3, batch_size=8, num_train_steps=24,
+      warmup_steps=2, max_seq_length=SEQ, dropout=0.0)
+  for k, v in config_lib.tiny_model(vocab_size=VOCAB,
+                                    max_position_embeddings=SEQ).items():
+    c.model[k] = v
+  c.model.classifier_dropout_prob = 0.0
+  c.data.tokenizer = TOKENIZER
+  c.log_every_steps = 4
+  c.eval_every_steps = c.checkpoint_every_steps = 8
+  c.async_checkpoints = False
+  c.fast_compile = True
+  for k, v in overrides.items():
+    node = c
+    *parents, leaf = k.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """Every run compiles the same few programs; the persistent cache lets the
+  second and later runs skip that."""
+  old = (jax.config.jax_compilation_cache_dir,
+         jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir",
+                    str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  yield
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
+
+@pytest.fixture
+def toy(monkeypatch):
+  task = ToyTask()
+  monkeypatch.setattr(ft.tasks, "make_task", lambda name, data: task)
+  return task
+
+
+def test_batches_are_a_function_of_the_step_and_cover_each_epoch():
+  f = {"x": np.arange(10)}
+  b = batching.ArrayBatches(f, 4, seed=3)
+  again = batching.ArrayBatches(f, 4, seed=3)
+  rows = np.concatenate([b.train_rows(s) for s in range(5)])
+  np.testing.assert_array_equal(rows, np.concatenate(
+      [again.train_rows(s) for s in range(5)]))
+  # Steps 0-1 and half of 2 are epoch 0: each row exactly once.
+  assert sorted(rows[:10]) == list(range(10))
+  assert sorted(rows[10:20]) == list(range(10))
+  assert not np.array_equal(rows[:10], rows[10:20])  # reshuffled per epoch
+  np.testing.assert_array_equal(b.train_batch(4)["x"], rows[16:20])
+  assert b.train_batch(0)["weights"].tolist() == [1.0] * 4
+
+
+def test_eval_batches_pad_the_last_batch_with_zero_weight():
+  b = batching.ArrayBatches({"x": np.arange(10) + 100}, 4)
+  out = list(b.eval_batches())
+  assert b.num_eval_batches == 3
+  np.testing.assert_array_equal(out[2]["x"], [108, 109, 100, 100])
+  np.testing.assert_array_equal(out[2]["weights"], [1, 1, 0, 0])
+  assert all(o["weights"].dtype == np.float32 for o in out)
+
+
+def test_empty_split_is_refused():
+  with pytest.raises(ValueError, match="no rows"):
+    batching.ArrayBatches({"x": np.zeros((0, 3))}, 4)
+
+
+def test_run_trains_evaluates_keeps_best_and_writes_predictions(toy, tmp_path):
+  result = ft.run(toy_config(), str(tmp_path))
+  assert result["step"] == 24
+  assert result["eval_accuracy"] >= 0.9, result
+  assert toy.loaded == ["train", "validation", "test"]
+  with open(tmp_path / "final_metrics.json", encoding="utf-8") as f:
+    assert json.load(f) == result
+  # The best eval step's predictions are the ones written.
+  assert result["best_step"] in (8, 16, 24)
+  preds = (tmp_path / "predictions" / "test.txt").read_text().split("\n")
+  assert len(preds) == 10 and set(preds) <= {"0", "1"}
+  assert sorted(os.path.basename(p) for p in result["predictions"]) == [
+      "test.txt", "validation.txt"]
+
+
+def test_resume_continues_to_the_same_parameters(toy, tmp_path):
+  """A run that lost everything after its step-8 checkpoint resumes from it
+  and ends where the uninterrupted run ended: batches depend only on
+  (seed, step)."""
+  config = toy_config(num_train_steps=12)
+  full = ft.run(config, str(tmp_path))
+  first = (tmp_path / "predictions" / "test.txt").read_text()
+  shutil.rmtree(tmp_path / "checkpoints" / "12")
+  shutil.rmtree(tmp_path / "predictions")
+  resumed = ft.run(config, str(tmp_path))
+  assert resumed == full
+  assert (tmp_path / "predictions" / "test.txt").read_text() == first
+
+
+def test_task_objective_accumulation_matches_one_batch(toy):
+  """Sum-form loss: 4 micro-batches give the gradients of the whole batch."""
+  cfg = toy_config()
+  from albert_jax.model_config import ModelConfig
+  model_config = ModelConfig.from_dict(
+      {k: v for k, v in cfg.model.items() if v is not None})
+  model = task_lib.FineTuneModel(model_config, toy.head(model_config))
+  objective = ft.TaskObjective(model, toy)
+  batch = {**toy_features(8, 5), "weights": np.ones(8, np.float32)}
+  batch["weights"][-2:] = 0.0  # padding rows count for nothing
+  params = nn.meta.unbox(jax.jit(model.init, compiler_options=FAST_COMPILE)(
+      jax.random.key(0), batch)["params"])
+
+  def loss(p, b):
+    dens = objective.denominators(batch)
+    return objective.sums(p, b, None, True)["task_loss_sum"] / dens["task"]
+
+  grad = jax.jit(jax.grad(loss), compiler_options=FAST_COMPILE)
+  whole = grad(params, batch)
+  parts = [grad(params, jax.tree.map(lambda x: x[i:i + 2], batch))
+           for i in range(0, 8, 2)]
+  summed = jax.tree.map(lambda *g: sum(g), *parts)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+      whole, summed)
+  # And the zero-weight rows truly contribute nothing.
+  sums = jax.jit(lambda p, b: objective.sums(p, b, None, True),
+                 compiler_options=FAST_COMPILE)
+  trimmed = jax.tree.map(lambda x: x[:6], batch)
+  np.testing.assert_allclose(sums(params, batch)["task_loss_sum"],
+                             sums(params, trimmed)["task_loss_sum"],
+                             rtol=1e-6)
