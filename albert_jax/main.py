@@ -136,6 +136,11 @@ def main(argv):
   if job == "pretrain":
     from albert_jax import train  # pylint: disable=g-import-not-at-top
     result = train.run(config, _WORKDIR.value)
+    if config.get("finetune") is not None and "preempted_at" not in result:
+      # A pre-training config may end with a fine-tuning stage (the demo).
+      from albert_jax.finetune import train as finetune  # pylint: disable=g-import-not-at-top
+      result["finetune"] = finetune.run_after_pretraining(config.finetune,
+                                                          _WORKDIR.value)
   elif job == "finetune":
     from albert_jax.finetune import train as finetune  # pylint: disable=g-import-not-at-top
     result = finetune.run(config, _WORKDIR.value)

@@ -211,4 +211,19 @@ def final_summary(result: Mapping[str, float]) -> str:
   if "eval_sop_accuracy" in result:
     lines.append(f"held-out SOP accuracy {result['eval_sop_accuracy']:.4f} "
                  "(chance 0.5)")
+  if "task" in result:  # a fine-tuning run
+    lines[0] = (f"Fine-tuned {result['task']} to step {result.get('step')}; "
+                f"best checkpoint: step {result.get('best_step')}.")
+    for key in sorted(result):
+      if key.startswith("eval_") and not key.endswith(
+          "majority_baseline_accuracy"):
+        split_metric = key[len("eval_"):]
+        line = f"{split_metric} {result[key]:.4f}"
+        base = key.rsplit("/", 1)[0] + "/" if "/" in key else "eval_"
+        baseline = result.get(f"{base}majority_baseline_accuracy")
+        if split_metric.endswith("accuracy") and baseline is not None:
+          line += f" (majority-class baseline {baseline:.4f})"
+        lines.append(line)
+  if "finetune" in result:
+    lines += ["", final_summary(result["finetune"])]
   return "\n".join(lines)

@@ -168,6 +168,11 @@ def test_run_trains_evaluates_keeps_best_and_writes_predictions(toy, tmp_path):
   assert result["step"] == 24
   assert result["eval_accuracy"] >= 0.9, result
   assert toy.loaded == ["train", "validation", "test"]
+  train_labels = toy_features(64, 0)["labels"]
+  majority = np.argmax(np.bincount(train_labels))
+  assert result["eval_majority_baseline_accuracy"] == np.mean(
+      toy_features(21, 1)["labels"] == majority)
+  assert not any(k.startswith("eval_test/") for k in result)  # unlabelled
   with open(tmp_path / "final_metrics.json", encoding="utf-8") as f:
     assert json.load(f) == result
   # The best eval step's predictions are the ones written.

@@ -134,6 +134,17 @@ def _predict_split(predict, params, split, batch_size, data_sharding):
           for k in parts[0]}
 
 
+def _majority_label(split) -> int | None:
+  """The commonest training label of a classification task (the baseline
+  that always predicts it), or None for other label kinds."""
+  labels = split.features.get("labels")
+  if labels is None or labels.ndim != 1 or not np.issubdtype(
+      labels.dtype, np.integer):
+    return None
+  valid = labels[labels >= 0]
+  return int(np.argmax(np.bincount(valid))) if valid.size else None
+
+
 def run(config, workdir: str) -> dict[str, Any]:
   """Fine-tunes per `config` in `workdir`; returns the final metrics."""
   ##############################################################################
@@ -256,14 +267,19 @@ def run(config, workdir: str) -> dict[str, Any]:
     os.makedirs(pred_dir, exist_ok=True)
   names = list(task.eval_splits) + [s for s in task.predict_splits
                                     if s not in task.eval_splits]
+  majority = _majority_label(train_split)
   for name in names:
     split = next((s for s in eval_splits if s.name == name), None) or (
         task.load(name, tokenizer, seq_len))
     preds = _predict_split(predict, params, split, eval_batch, data_sharding)
     if split.has_labels:
-      prefix = "" if len(eval_splits) == 1 else f"{name}/"
+      prefix = ("" if len(eval_splits) == 1 and name == eval_splits[0].name
+                else f"{name}/")
       best_eval.update({f"{prefix}{k}": float(v)
                         for k, v in task.evaluate(preds, split).items()})
+      if majority is not None:
+        best_eval[f"{prefix}majority_baseline_accuracy"] = float(np.mean(
+            split.features["labels"] == majority))
     if jax.process_index() == 0:
       written += task.write_predictions(preds, split, pred_dir)
   result = {"task": task.name, "step": final_step, "best_step": best_step,
@@ -275,3 +291,43 @@ def run(config, workdir: str) -> dict[str, Any]:
               encoding="utf-8") as f:
       json.dump(result, f, indent=2)
   return result
+
+
+def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
+  """Fine-tunes the model a pre-training run just wrote (`config.finetune`
+  of a pre-training config), in `pretrain_workdir/finetune`.
+
+  `config.init` defaults to the pre-training workdir. With
+  `config.data.split_from` (a labelled TSV/CSV/JSONL file; "bundled/..."
+  names one shipped in albert_jax/data/bundled), the file is cut into
+  stratified train/eval/test files (`config.data.split_fractions`, seed
+  `config.seed`) for the "files" task.
+  """
+  config = config.copy_and_resolve_references()
+  workdir = os.path.join(pretrain_workdir, "finetune")
+  loop.prepare_workdir(workdir)
+  with config.unlocked():
+    if not config.init:
+      config.init = pretrain_workdir
+    source = config.data.get("split_from")
+    if source:
+      from albert_jax.finetune import tables  # pylint: disable=g-import-not-at-top
+      if source.startswith("bundled/"):
+        source = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                              "data", source)
+      out_dir = os.path.join(workdir, "data")
+      if jax.process_index() == 0:
+        parts = tables.split_file(
+            source, out_dir, tuple(config.data.split_fractions),
+            seed=config.seed, label_column=config.data.label_column)
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        multihost_utils.sync_global_devices("finetune data split")
+      suffix = tables.file_format(source) + (
+          ".gz" if source.endswith(".gz") else "")
+      for name in ("train", "eval", "test"):
+        config.data[f"{name}_file"] = os.path.join(out_dir, name + suffix)
+      if jax.process_index() == 0:
+        log.info("Split %s into %s.", source, ", ".join(
+            f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))
+  return run(config, workdir)
