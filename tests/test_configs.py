@@ -17,6 +17,10 @@ from albert_jax import ModelConfig
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
+# Fine-tuning configs: their model section holds overrides of the
+# pre-trained checkpoint's config (None = keep the checkpoint's value).
+FINETUNE_NAMES = ("classify", "glue", "race", "squad")
+PRETRAIN_NAMES = sorted(set(CONFIG_NAMES) - set(FINETUNE_NAMES))
 
 # (AlbertModel / BertModel incl. pooler, MLM head, SOP head). The MLM head
 # excludes the tied word table but includes its output bias [V].
@@ -37,6 +41,11 @@ ARGS = {
     "tiny": ["share=none,projection=false", "share=attention,inner=2",
              "layers=4,groups=2,share=ffn", "dropout=0.1,act=gelu",
              "dtype=bfloat16"],
+    "glue": [f"task={t}" for t in ("cola", "sst2", "mrpc", "qqp", "stsb",
+                                   "mnli", "qnli", "rte", "wnli")],
+    "squad": ["version=1.1", "version=2.0"],
+    "race": ["subset=all", "subset=high", "subset=middle"],
+    "classify": ["", "steps=50,lr=1e-4,batch=8,seq=64"],
 }
 
 
@@ -73,7 +82,52 @@ def test_config_dir_has_the_presets():
   assert set(PUBLISHED) | {"tiny"} <= set(CONFIG_NAMES)
 
 
-@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_config_kinds_cover_every_file():
+  assert {get_config(n).get("job", "pretrain") for n in PRETRAIN_NAMES} == {
+      "pretrain"}
+  assert {get_config(n).job for n in FINETUNE_NAMES} == {"finetune"}
+
+
+@pytest.mark.parametrize("name", FINETUNE_NAMES)
+def test_finetune_config_model_section_overrides_a_checkpoint(name):
+  """Every ModelConfig field can be overridden; those set are valid and go
+  on top of a checkpoint's config."""
+  config = get_config(name)
+  assert set(config.model.keys()) == set(ModelConfig().to_dict())
+  overrides = {k: v for k, v in config.model.items() if v is not None}
+  assert set(overrides) == {"hidden_dropout_prob",
+                            "attention_probs_dropout_prob"}
+  base = ModelConfig(vocab_size=123).to_dict()
+  merged = ModelConfig.from_dict({**base, **overrides})
+  assert merged.vocab_size == 123
+  # An empty field takes a typed value from the command line.
+  spec = str(CONFIG_DIR / f"{name}.py")
+  flagged = parse_flags(spec, "--config.model.hidden_size=1024",
+                        "--config.init=/some/checkpoint")
+  assert flagged.model.hidden_size == 1024 and flagged.init == (
+      "/some/checkpoint")
+
+
+def test_finetune_configs_carry_table_14():
+  """Spot checks of the paper's Table 14 (lr, batch, dropout, steps,
+  warmup, length)."""
+  def row(c):
+    return (c.optimizer.learning_rate, c.batch_size,
+            c.model.hidden_dropout_prob, c.num_train_steps,
+            c.optimizer.warmup_steps, c.data.max_seq_length)
+  assert row(get_config("glue", "task=mnli")) == (
+      3e-5, 128, 0.0, 10000, 1000, 512)
+  assert row(get_config("glue", "task=rte")) == (3e-5, 32, 0.1, 800, 200, 512)
+  assert row(get_config("squad", "version=1.1")) == (
+      5e-5, 48, 0.0, 3649, 365, 384)
+  assert row(get_config("squad", "version=2.0")) == (
+      3e-5, 48, 0.0, 8144, 814, 512)
+  assert row(get_config("race")) == (2e-5, 32, 0.1, 12000, 1000, 512)
+  with pytest.raises(ValueError, match="choose one of"):
+    get_config("glue", "task=mnlii")
+
+
+@pytest.mark.parametrize("name", PRETRAIN_NAMES)
 def test_every_config_loads_and_round_trips(name):
   config = get_config(name)
   assert config.seed == 0
@@ -91,7 +145,8 @@ def test_arg_string_through_config_flags(name, arg):
   config = parse_flags(spec)
   assert config.is_locked
   assert config.to_dict() == get_config(name, arg or None).to_dict()
-  ModelConfig.from_dict(config.model)
+  if name not in FINETUNE_NAMES:
+    ModelConfig.from_dict(config.model)
 
 
 @pytest.mark.parametrize("size", ALBERT_SIZES)
