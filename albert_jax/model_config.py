@@ -32,6 +32,13 @@ class ModelConfig:
       `inner_group_num`); unshared ones get one copy per applied layer.
     embedding_projection: ALBERT's E→H `embedding_hidden_mapping_in`. BERT
       has none and needs `embedding_size == hidden_size`.
+    mlm_hidden_act: the MLM head's activation; "" uses `hidden_act` (ALBERT,
+      BERT), while RoBERTa's and ELECTRA's generator heads fix it to "gelu".
+    position_ids_from_padding: RoBERTa's default positions: a token's
+      position is `pad_token_id` + its 1-based index among the non-pad tokens
+      (`input_ids != pad_token_id`), and pad tokens sit at `pad_token_id`.
+      Otherwise positions count 0..T-1.
+    pad_token_id: the padding token, used by `position_ids_from_padding`.
     dtype: compute dtype; parameters stay in `param_dtype`.
     remat: rematerialisation policy of each layer in the scan.
   """
@@ -53,6 +60,9 @@ class ModelConfig:
   layer_norm_eps: float = 1e-12
   share: str = "all"
   embedding_projection: bool = True
+  mlm_hidden_act: str = ""
+  position_ids_from_padding: bool = False
+  pad_token_id: int = 0
   num_sentence_labels: int = 2
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -88,6 +98,17 @@ class ModelConfig:
            f"({self.embedding_size}) must equal hidden_size "
            f"({self.hidden_size}); set model.embedding_projection=True for "
            "a factorised (ALBERT) embedding.")
+    if (not isinstance(self.pad_token_id, int)
+        or isinstance(self.pad_token_id, bool)
+        or not 0 <= self.pad_token_id < self.vocab_size):
+      fail(f"model.pad_token_id must be an id in [0, vocab_size="
+           f"{self.vocab_size}), got {self.pad_token_id!r}.")
+    if (self.position_ids_from_padding
+        and self.pad_token_id + 1 >= self.max_position_embeddings):
+      fail(f"model.position_ids_from_padding starts positions at "
+           f"pad_token_id + 1 = {self.pad_token_id + 1}, which leaves no "
+           f"room in max_position_embeddings="
+           f"{self.max_position_embeddings}.")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         fail(f"model.{name}={getattr(self, name)!r}; choose one of "
@@ -102,6 +123,8 @@ class ModelConfig:
     from albert_jax import layers  # pylint: disable=g-import-not-at-top
     from albert_jax.ops import attention  # pylint: disable=g-import-not-at-top
     layers.activation(self.hidden_act)
+    if self.mlm_hidden_act:
+      layers.activation(self.mlm_hidden_act)
     if self.attention_impl not in attention.IMPLEMENTATIONS:
       fail(f"model.attention_impl={self.attention_impl!r}; choose one of "
            f"{attention.IMPLEMENTATIONS}.")
@@ -139,6 +162,18 @@ class ModelConfig:
   @property
   def parameter_dtype(self):
     return _DTYPES[self.param_dtype]
+
+  @property
+  def mlm_activation(self) -> str:
+    """The MLM head's activation name."""
+    return self.mlm_hidden_act or self.hidden_act
+
+  @property
+  def max_length(self) -> int:
+    """The longest sequence the position table covers."""
+    if self.position_ids_from_padding:
+      return self.max_position_embeddings - self.pad_token_id - 1
+    return self.max_position_embeddings
 
   @property
   def num_steps(self) -> int:

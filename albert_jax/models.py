@@ -24,7 +24,10 @@ from albert_jax import layers
 from albert_jax.model_config import ModelConfig
 from albert_jax.ops import attention as attention_ops
 
+# The pre-training heads built by default; ALL_HEADS adds ELECTRA's
+# replaced-token-detection head, which a model builds only when asked.
 HEADS = ("mlm", "sop")
+ALL_HEADS = ("mlm", "sop", "rtd")
 
 
 def _constrain(x, names):
@@ -233,7 +236,7 @@ class MLMHead(nn.Module):
                      init_range=cfg.initializer_range,
                      dtype=cfg.compute_dtype,
                      param_dtype=cfg.parameter_dtype, name="transform")(x)
-    y = layers.activation(cfg.hidden_act)(y)
+    y = layers.activation(cfg.mlm_activation)(y)
     y = layers.LayerNorm(cfg.layer_norm_eps, axis_name="embedding",
                          dtype=cfg.compute_dtype,
                          param_dtype=cfg.parameter_dtype,
@@ -244,6 +247,34 @@ class MLMHead(nn.Module):
                                                    ("vocab",)),
                       (cfg.vocab_size,), cfg.parameter_dtype)
     return logits + bias.astype(logits.dtype)
+
+
+class RTDHead(nn.Module):
+  """ELECTRA's discriminator: dense H→H → activation → dense H→1."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    """[B, T, H] → [B, T] logits that each token was replaced."""
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    y = layers.Dense((cfg.hidden_size,), ("embed", "embed_out"),
+                     name="transform", **kw)(x)
+    y = layers.activation(cfg.hidden_act)(y)
+    y = layers.Dense((1,), ("embed_out", "classes"), name="output", **kw)(y)
+    return y[..., 0]
+
+
+def padding_position_ids(input_ids: jax.Array, pad_token_id: int
+                         ) -> jax.Array:
+  """RoBERTa's positions: [B, T] ids → [B, T] int32.
+
+  Non-pad tokens count up from `pad_token_id + 1` in order; pad tokens (and
+  only those, wherever they are) get `pad_token_id`.
+  """
+  real = (input_ids != pad_token_id).astype(jnp.int32)
+  return jnp.cumsum(real, axis=1) * real + pad_token_id
 
 
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
@@ -257,17 +288,19 @@ class Albert(nn.Module):
   Attributes:
     config: the model's hyperparameters.
     pooler: build the [CLS] pooler (dense + tanh).
-    heads: which of "mlm" (tied masked-LM head) and "sop" (2-way sentence
-      head on the pooler: SOP for ALBERT, NSP for BERT) to build.
+    heads: which of "mlm" (tied masked-LM head), "sop" (2-way sentence
+      head on the pooler: SOP for ALBERT, NSP for BERT) and "rtd" (ELECTRA's
+      per-token replaced-token detection) to build.
   """
   config: ModelConfig
   pooler: bool = True
   heads: tuple[str, ...] = HEADS
 
   def setup(self):
-    unknown = set(self.heads) - set(HEADS)
+    unknown = set(self.heads) - set(ALL_HEADS)
     if unknown:
-      raise ValueError(f"Unknown heads {sorted(unknown)}; choose from {HEADS}.")
+      raise ValueError(
+          f"Unknown heads {sorted(unknown)}; choose from {ALL_HEADS}.")
     if "sop" in self.heads and not self.pooler:
       raise ValueError("The 'sop' head reads the pooled output; keep pooler.")
 
@@ -286,24 +319,35 @@ class Albert(nn.Module):
       token_type_ids: [B, T] segment A/B ids (default zeros).
       attention_mask: [B, T] int; 0 = padding. Values > 1 mark packed
         sequences: a token attends only to tokens with the same value.
-      position_ids: [B, T] (default 0..T-1; restart them per packed sequence).
+      position_ids: [B, T] (default 0..T-1, or RoBERTa's from the padding
+        with `config.position_ids_from_padding`; restart them per packed
+        sequence).
       masked_positions: [B, P] int. If given, MLM logits are computed only
         at these positions ([B, P, V]); otherwise at all positions.
       deterministic: False enables dropout (needs the "dropout" rng).
 
     Returns:
       dict with "sequence_output" [B, T, H], and where built
-      "pooled_output" [B, H], "mlm_logits" [B, T or P, V], "sop_logits" [B, 2].
+      "pooled_output" [B, H], "mlm_logits" [B, T or P, V], "sop_logits" [B, 2],
+      "rtd_logits" [B, T].
     """
     cfg = self.config
     batch, length = input_ids.shape
-    if length > cfg.max_position_embeddings:
+    if length > cfg.max_length:
+      if cfg.position_ids_from_padding:
+        raise ValueError(
+            f"Sequence length {length} exceeds {cfg.max_length}: positions "
+            f"from padding start at pad_token_id + 1 = "
+            f"{cfg.pad_token_id + 1}, and max_position_embeddings is "
+            f"{cfg.max_position_embeddings}.")
       raise ValueError(
           f"Sequence length {length} exceeds max_position_embeddings "
           f"{cfg.max_position_embeddings}.")
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    if position_ids is None:
+    if position_ids is None and cfg.position_ids_from_padding:
+      position_ids = padding_position_ids(input_ids, cfg.pad_token_id)
+    elif position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
@@ -329,4 +373,6 @@ class Albert(nn.Module):
           (cfg.num_sentence_labels,), ("embed", "classes"),
           init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
           param_dtype=cfg.parameter_dtype, name="sop")(out["pooled_output"])
+    if "rtd" in self.heads:
+      out["rtd_logits"] = RTDHead(cfg, name="rtd")(x)
     return out

@@ -1,23 +1,29 @@
 """`load_pretrained`: one call from a checkpoint directory to a usable model.
 
-Accepts a directory written by transformers' `save_pretrained` for
-`AlbertForPreTraining`, `AlbertForMaskedLM` or `AlbertModel`. Weights are read
-from safetensors; nothing is ever unpickled. A `pytorch_model.bin` is read only
-through `torch.load(weights_only=True)`, which refuses arbitrary objects.
+Accepts:
+  * a directory written by transformers' `save_pretrained` for ALBERT
+    (`AlbertForPreTraining`, `AlbertForMaskedLM`, `AlbertModel`), BERT
+    (`BertForPreTraining`, `BertForMaskedLM`, `BertForNextSentencePrediction`,
+    `BertModel`), RoBERTa (`RobertaForMaskedLM`, `RobertaModel`) or ELECTRA
+    (`ElectraForPreTraining`, `ElectraForMaskedLM`, `ElectraModel`). Weights
+    are read from safetensors; nothing is ever unpickled (see
+    `albert_jax.interop.hf_files`).
+  * a google-research/albert TF1 release directory (`albert_config.json`,
+    `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
+  * an albert_jax training workdir (the trainer's `config.json` and
+    `checkpoints/`).
 
-Also accepts an albert_jax training workdir (the trainer's `config.json` and
-`checkpoints/`): the model is rebuilt from the config's `model` section, its
-heads from `data.objective`, and only the parameters of the newest (or a
-chosen) checkpoint are read, onto one CPU device, without the optimizer state.
+`Pretrained.to_hf` writes any of the HF layouts back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,159 +31,17 @@ import numpy as np
 
 from albert_jax import hf
 from albert_jax import models
+from albert_jax.interop import CheckpointError
+from albert_jax.interop import layout
+from albert_jax.interop import tf_checkpoint
+from albert_jax.interop import workdir_loading
+from albert_jax.interop.hf_files import read_state_dict
 from albert_jax.model_config import ModelConfig
 
+__all__ = ["CheckpointError", "Pretrained", "load_pretrained",
+           "read_state_dict"]
+
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be loaded, with what to do about it."""
-
-
-# The class named in config.json, not AutoModel: that would drop the heads.
-_CONVERT_HOW = (
-    "convert it to safetensors once, in an environment you trust: load it "
-    "with the transformers class named in its config.json 'architectures' "
-    "(e.g. `transformers.AlbertForPreTraining.from_pretrained(dir)`) and "
-    "call `.save_pretrained(dir, safe_serialization=True)`")
-
-
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """All tensors of one safetensors file; bfloat16 comes back as ml_dtypes."""
-  # Importing ml_dtypes registers bfloat16 with NumPy, which safetensors needs.
-  import ml_dtypes  # noqa: F401  pylint: disable=g-import-not-at-top
-  from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  try:
-    return load_file(path)
-  except (SafetensorError, OSError, ValueError, TypeError) as e:
-    raise CheckpointError(
-        f"{path} is not a readable safetensors file ({e}). It may be "
-        "truncated or corrupt: re-download or re-export it.") from e
-
-
-def _read_sharded(path: str, index: str) -> dict[str, np.ndarray]:
-  """Tensors of a sharded checkpoint described by `index`."""
-  try:
-    with open(index, encoding="utf-8") as f:
-      weight_map = json.load(f)["weight_map"]
-    files = sorted(set(weight_map.values()))
-  except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
-          AttributeError) as e:
-    raise CheckpointError(
-        f"{index} is not a valid shard index (a JSON object with a "
-        f"'weight_map' of tensor name → file): {e!r}") from e
-  missing = [n for n in files if not os.path.isfile(os.path.join(path, n))]
-  if missing:
-    raise CheckpointError(
-        f"{index} names shard file(s) that are not in {path}: {missing}. "
-        "The download is incomplete: fetch every shard.")
-  state = {}
-  for name in files:
-    state.update(_read_safetensors(os.path.join(path, name)))
-  absent = sorted(set(weight_map) - set(state))
-  if absent:
-    raise CheckpointError(
-        f"{index} lists tensors that no shard holds: {absent[:8]}"
-        + (f" and {len(absent) - 8} more" if len(absent) > 8 else ""))
-  return state
-
-
-def read_state_dict(path: str) -> dict[str, np.ndarray]:
-  """Tensors of an HF checkpoint directory as NumPy arrays.
-
-  Looks for `model.safetensors`, a sharded `model.safetensors.index.json`, or
-  `pytorch_model.bin` (via `torch.load(weights_only=True)`), in that order.
-  """
-  single = os.path.join(path, "model.safetensors")
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.exists(single):
-    return _read_safetensors(single)
-  if os.path.exists(index):
-    return _read_sharded(path, index)
-  binary = os.path.join(path, "pytorch_model.bin")
-  if os.path.exists(binary):
-    return _read_torch_bin(binary)
-  raise CheckpointError(
-      f"No weights in {path}: expected model.safetensors, "
-      "model.safetensors.index.json or pytorch_model.bin.")
-
-
-def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
-  """A `pytorch_model.bin` state dict, through torch's weights-only loader.
-
-  Floating tensors come back as float32 (NumPy has no bfloat16 of torch's);
-  anything but a flat mapping of names to tensors is refused.
-  """
-  how = _CONVERT_HOW
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise CheckpointError(
-        f"{path} is a PyTorch pickle and torch is not installed; albert_jax "
-        f"never unpickles without torch's weights_only guard. Install the "
-        f"'hf' extra, or {how}.") from e
-  try:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # torch raises UnpicklingError and others
-    raise CheckpointError(
-        f"torch.load(weights_only=True) refused {path}: {e}. Either it holds "
-        "more than tensors (pickled objects are never loaded, as they can run "
-        f"code) or it is corrupt; {how}.") from e
-  if not isinstance(state, Mapping):
-    raise CheckpointError(
-        f"{path} holds a {type(state).__name__}, not a state dict of "
-        f"tensors; {how}.")
-  odd = sorted(str(k) for k, v in state.items()
-               if not isinstance(k, str) or not isinstance(v, torch.Tensor))
-  if odd:
-    raise CheckpointError(
-        f"{path} holds entries that are not named tensors: {odd[:8]}; {how}.")
-  return {k: v.detach().cpu().float().numpy() if v.dtype.is_floating_point
-          else v.detach().cpu().numpy() for k, v in state.items()}
-
-
-def _abstract_params(cfg: ModelConfig, pooler: bool, heads: tuple[str, ...]):
-  module = models.Albert(cfg, pooler=pooler, heads=heads)
-  shapes = jax.eval_shape(module.init, jax.random.key(0),
-                          jnp.zeros((1, 1), jnp.int32))
-  return module, models_unbox(shapes["params"])
-
-
-def models_unbox(tree):
-  """Strips logical-partitioning boxes, leaving arrays (or shapes)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  return nn.meta.unbox(tree)
-
-
-def check_shapes(params, expected, what: str) -> None:
-  """Raises CheckpointError listing every path whose shape differs."""
-  flat_got = dict(_flatten(params))
-  flat_want = dict(_flatten(expected))
-  problems = []
-  for key in sorted(set(flat_got) | set(flat_want)):
-    got, want = flat_got.get(key), flat_want.get(key)
-    if got is None:
-      problems.append(f"  {key}: missing (model expects {tuple(want.shape)})")
-    elif want is None:
-      problems.append(f"  {key}: unexpected {tuple(np.shape(got))}")
-    elif tuple(np.shape(got)) != tuple(want.shape):
-      problems.append(f"  {key}: checkpoint {tuple(np.shape(got))}, model "
-                      f"{tuple(want.shape)}")
-  if problems:
-    raise CheckpointError(
-        f"{what} does not fit the model config; mismatched parameters:\n"
-        + "\n".join(problems[:30])
-        + (f"\n  ... and {len(problems) - 30} more" if len(problems) > 30
-           else ""))
-
-
-def _flatten(tree, prefix=""):
-  if isinstance(tree, Mapping):
-    for k, v in tree.items():
-      yield from _flatten(v, f"{prefix}/{k}" if prefix else str(k))
-  else:
-    yield prefix, tree
 
 
 @dataclasses.dataclass
@@ -190,11 +54,15 @@ class Pretrained:
     params: parameter pytree (NumPy or jax arrays).
     tokenizer: the checkpoint's tokenizer, or None where it has no
       vocabulary file.
-    heads: the heads the checkpoint holds, of ("mlm", "sop").
+    heads: the heads the checkpoint holds, of ("mlm", "sop", "rtd").
     pooler: whether it holds the [CLS] pooler.
-    missing: parts the checkpoint lacks, by name (never filled randomly).
-    step: the training step of a workdir checkpoint; None for HF
+    missing: parts the checkpoint's family can hold but this checkpoint
+      lacks, by name (never filled randomly).
+    step: the training step of a workdir or TF checkpoint; None for HF
       directories.
+    model_type: the HF family the weights came from ("albert", "bert",
+      "roberta", "electra"), which `to_hf` writes by default; None for a
+      workdir, whose family follows from its config.
   """
   config: Any
   model_config: ModelConfig
@@ -204,14 +72,13 @@ class Pretrained:
   pooler: bool = True
   missing: tuple[str, ...] = ()
   step: int | None = None
+  model_type: str | None = None
 
   def __post_init__(self):
-    self.params = models_unbox(self.params)
+    self.params = _unbox(self.params)
+    self.heads = tuple(self.heads)
     self.module = models.Albert(self.model_config, pooler=self.pooler,
                                 heads=self.heads)
-    self._apply = jax.jit(
-        lambda p, ids, tt, mask: self.module.apply({"params": p}, ids, tt,
-                                                   mask))
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
     """Forward pass.
@@ -223,40 +90,67 @@ class Pretrained:
 
     Returns:
       dict of "sequence_output" [B, T, H] and, where the checkpoint has them,
-      "pooled_output" [B, H], "mlm_logits" [B, T, V], "sop_logits" [B, 2].
+      "pooled_output" [B, H], "mlm_logits" [B, T, V], "sop_logits" [B, 2],
+      "rtd_logits" [B, T].
     """
     ids = jnp.asarray(input_ids, jnp.int32)
     tt = (jnp.zeros_like(ids) if token_type_ids is None
           else jnp.asarray(token_type_ids, jnp.int32))
     mask = (jnp.ones_like(ids) if attention_mask is None
             else jnp.asarray(attention_mask, jnp.int32))
-    return self._apply(self.params, ids, tt, mask)
+    return _forward(self.model_config, self.pooler, self.heads, self.params,
+                    ids, tt, mask)
 
-  def to_hf(self, path: str) -> None:
+  def to_hf(self, path: str, model_type: str | None = None) -> None:
     """Writes an HF checkpoint directory that `from_pretrained` loads.
 
-    The directory holds config.json (architecture chosen from the heads:
-    AlbertForPreTraining, AlbertForMaskedLM or AlbertModel),
-    model.safetensors in the parameters' dtype with tied tensors omitted, and
-    the tokenizer's files if there is a tokenizer.
+    The directory holds config.json, model.safetensors in the parameters'
+    dtype with tied tensors omitted, and the tokenizer's files if there is a
+    tokenizer. The architecture follows from the family and the heads, e.g.
+    AlbertForPreTraining, BertForMaskedLM, RobertaModel or
+    ElectraForPreTraining.
 
     Args:
       path: directory to write; created if needed.
+      model_type: the family to write; default the one loaded from, else the
+        one the config's structure implies (share="all" with a projection is
+        ALBERT; share="none" is BERT, RoBERTa with positions from padding,
+        ELECTRA with a projection or the "rtd" head).
+
+    Raises:
+      ValueError: the model has no equivalent in that family (the message
+        says why).
     """
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-    os.makedirs(path, exist_ok=True)
+    cfg = self.model_config
+    model_type = (model_type or self.model_type
+                  or hf.infer_model_type(cfg, self.heads))
     params = jax.tree.map(np.asarray, self.params)
-    arch = hf.architecture_for({"mlm": "mlm" in self.heads,
-                                "sop": "sop" in self.heads})
-    # A bare AlbertModel saves its tensors without the `albert.` prefix.
-    prefix = "" if arch == "AlbertModel" else "albert."
-    state = hf.params_to_hf(params, self.model_config, prefix=prefix)
+    state = hf.params_to_hf(params, cfg, model_type)
+    parts = {h: h in params for h in ("pooler", "mlm", "sop", "rtd")}
+    arch = hf.architecture_for(parts, model_type)
+    os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(hf.config_to_hf(self.model_config, arch), f, indent=2)
+      json.dump(hf.config_to_hf(cfg, model_type, arch), f, indent=2)
     save_file(state, os.path.join(path, "model.safetensors"),
               metadata={"format": "pt"})
     if self.tokenizer is not None:
       self.tokenizer.save(path)
+
+
+# One compiled forward per (config, parts, shapes), shared by every model
+# loaded with them.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _forward(cfg: ModelConfig, pooler: bool, heads: tuple[str, ...], params,
+             ids, token_type_ids, attention_mask):
+  module = models.Albert(cfg, pooler=pooler, heads=heads)
+  return module.apply({"params": params}, ids, token_type_ids, attention_mask)
+
+
+def _unbox(tree):
+  """Strips logical-partitioning boxes, leaving arrays (or shapes)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(tree)
 
 
 def _to_config_dict(cfg: ModelConfig):
@@ -269,10 +163,12 @@ def load_pretrained(path: str, step: int | None = None,
   """Loads a checkpoint directory.
 
   Args:
-    path: an HF `save_pretrained` directory of an ALBERT model, or an
+    path: an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
+      ELECTRA), a google-research/albert TF release directory, or an
       albert_jax training workdir (its config.json and checkpoints/).
     step: for a workdir, the checkpoint step to read (default: the newest
-      readable one).
+      readable one); for a TF release, read `model.ckpt-{step}` (default:
+      the only checkpoint, else `model.ckpt-best`, else the newest).
     **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
       attention_impl="xla"; shape-defining fields must match the weights.
 
@@ -281,140 +177,91 @@ def load_pretrained(path: str, step: int | None = None,
     logged; they are never initialised randomly behind the user's back.
 
   Raises:
-    CheckpointError: not a checkpoint directory, unreadable weights, a
-      workdir without checkpoints, or a config whose shapes differ from the
-      weights' (the message lists the mismatched parameters).
+    CheckpointError: not a checkpoint directory, an unsupported model type,
+      unreadable weights, a workdir without checkpoints, or a config whose
+      shapes differ from the weights' (the message lists the mismatched
+      tensors).
   """
   path = os.fspath(path)
   if not os.path.isdir(path):
     raise CheckpointError(f"{path} is not a directory.")
-  workdir_config = _read_workdir_config(path)
+  workdir_config = workdir_loading.read_workdir_config(path)
   if workdir_config is not None:
-    return _load_workdir(path, workdir_config, step, overrides)
+    loaded = workdir_loading.load(path, workdir_config, step, overrides)
+    return Pretrained(config=_to_config_dict(loaded["model_config"]),
+                      **loaded)
+  if tf_checkpoint.is_release_dir(path):
+    loaded = tf_checkpoint.load(path, step, overrides)
+    return _finish(path, "albert", **loaded)
   if step is not None:
     raise CheckpointError(
-        f"step={step} applies to albert_jax training workdirs; {path} is not "
-        "one (it has no trainer config.json with checkpoints/).")
+        f"step={step} applies to albert_jax training workdirs and TF "
+        f"checkpoints; {path} is neither (it has no trainer config.json with "
+        f"checkpoints/ and no {tf_checkpoint.CONFIG_FILE}).")
   if not os.path.exists(os.path.join(path, "config.json")):
     raise CheckpointError(
         f"{path} has no config.json; expected a directory written by "
-        "transformers' save_pretrained.")
+        "transformers' save_pretrained, or an official ALBERT release "
+        f"with {tf_checkpoint.CONFIG_FILE}.")
+  note = f" (with overrides {overrides})" if overrides else ""
   try:
-    cfg = hf.config_from_hf(hf.read_config(path))
+    hf_config = hf.read_config(path)
+    model_type = hf.model_type_of(hf_config)
+    cfg = hf.config_from_hf(hf_config)
+    if overrides:
+      cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
   except (ValueError, TypeError) as e:
-    raise CheckpointError(f"{path}/config.json: {e}") from e
-  if overrides:
-    cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
+    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
   state = read_state_dict(path)
   try:
-    params, parts = hf.params_from_hf(state, cfg)
+    params, parts = hf.params_from_hf(state, cfg, model_type)
   except ValueError as e:
-    note = f" (with overrides {overrides})" if overrides else ""
     raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
+  return _finish(path, model_type, model_config=cfg, params=params,
+                 parts=parts, step=None, source=f"Checkpoint {path}")
+
+
+def _finish(path: str, model_type: str, *, model_config: ModelConfig,
+            params, parts, step, source: str) -> Pretrained:
+  """Checks converted weights against the model and builds `Pretrained`."""
+  cfg = model_config
   if parts["sop"] and not parts["pooler"]:
     raise CheckpointError(
-        f"Checkpoint {path} has a sentence-order head but no pooler, which "
-        "that head reads; it is not a layout transformers writes.")
-  heads = tuple(h for h in models.HEADS if parts[h])
-  _, expected = _abstract_params(cfg, parts["pooler"], heads)
-  check_shapes(params, expected, f"Checkpoint {path}")
-  missing = tuple(name for name, present in (
-      ("pooler", parts["pooler"]), ("mlm", parts["mlm"]),
-      ("sop", parts["sop"])) if not present)
+        f"{source} has a sentence-order head but no pooler, which that head "
+        "reads; it is not a layout transformers writes.")
+  heads = tuple(h for h in models.ALL_HEADS if parts[h])
+  _, expected = layout.abstract_params(cfg, parts["pooler"], heads)
+  layout.check_shapes(params, expected, source)
+  missing = tuple(p for p in hf.PARTS[model_type] if not parts[p])
   if missing:
     log.warning("%s has no weights for %s; those outputs are not produced "
                 "(nothing is initialised randomly).", path, ", ".join(missing))
-  params = jax.tree.map(
-      lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
+  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
   return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
-                    params=params, tokenizer=_tokenizer(path),
-                    heads=heads, pooler=parts["pooler"], missing=missing)
+                    params=params, tokenizer=_tokenizer(path), heads=heads,
+                    pooler=parts["pooler"], missing=missing, step=step,
+                    model_type=model_type)
 
 
 def _tokenizer(path: str):
-  """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt)."""
-  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
-  return Tokenizer.find_in(path)
+  """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt,
+  *.model), or None.
 
-
-################################################################################
-# albert_jax training workdirs.
-################################################################################
-
-
-def _read_workdir_config(path: str) -> dict | None:
-  """The trainer's resolved config (config.json), or None for an HF dir.
-
-  A trainer config is a JSON object with a `model` section; an HF config is
-  flat (`model_type`, `hidden_size`, ...). A `checkpoints/` directory without
-  a trainer config is an error rather than an HF directory.
+  A tokenizer.json may switch on fixed-length padding and truncation (HF
+  sentence-transformers exports pad every text to 128); `encode` must return
+  the text's own ids, so both are switched off here.
   """
-  config_path = os.path.join(path, "config.json")
-  has_checkpoints = os.path.isdir(os.path.join(path, "checkpoints"))
-  if not os.path.exists(config_path):
-    if has_checkpoints:
-      raise CheckpointError(
-          f"{path} has checkpoints/ but no config.json; the trainer writes "
-          "the run's config there, which is needed to rebuild the model.")
-    return None
-  try:
-    with open(config_path, encoding="utf-8") as f:
-      config = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    if has_checkpoints:
-      raise CheckpointError(f"{config_path} is not readable JSON: {e}") from e
-    return None  # the HF path reports its own error
-  if isinstance(config, dict) and isinstance(config.get("model"), dict):
-    return config
-  if has_checkpoints and "model_type" not in config:
-    raise CheckpointError(
-        f"{config_path} has no `model` section; expected the config.json "
-        "that albert_jax's trainer writes into its workdir.")
-  return None
-
-
-def _workdir_tokenizer(path: str, config: Mapping[str, Any]):
-  """The tokenizer the run trained with: data.tokenizer or WORKDIR/spm."""
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
-  configured = str((config.get("data") or {}).get("tokenizer") or "")
-  own = os.path.join(path, "spm", "spiece.model")
-  # The trainer's order: a configured tokenizer wins over the workdir's.
-  for candidate in (configured, own) if configured else (own,):
-    if candidate and os.path.exists(candidate):
-      return Tokenizer.from_file(candidate)
-  log.warning("No tokenizer found for %s (looked for %s); .tokenizer is None.",
-              path, " and ".join(c for c in (configured, own) if c))
-  return None
-
-
-def _load_workdir(path: str, config: Mapping[str, Any], step: int | None,
-                  overrides: Mapping[str, Any]) -> Pretrained:
-  """`load_pretrained` for an albert_jax training workdir."""
-  from albert_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  note = f" with overrides {dict(overrides)}" if overrides else ""
-  try:
-    cfg = ModelConfig.from_dict({**config["model"], **overrides})
-  except (ValueError, TypeError) as e:
-    raise CheckpointError(
-        f"{path}/config.json: the model section{note} is not a valid "
-        f"ModelConfig: {e}") from e
-  objective = (config.get("data") or {}).get("objective", "sop")
-  heads = ("mlm", "sop") if objective in ("sop", "nsp") else ("mlm",)
-  _, abstract = _abstract_params(cfg, True, heads)
-  try:
-    params, restored_step = checkpoints.restore_params(path, abstract,
-                                                       step=step)
-  except FileNotFoundError as e:
-    raise CheckpointError(f"Workdir {path}: {e}") from e
-  except checkpoints.CheckpointShapeError as e:
-    raise CheckpointError(
-        f"Workdir {path}: its config.json{note} (objective {objective!r}, "
-        f"heads {heads}) does not describe the model in checkpoint step "
-        f"{e.step}.\n{e}") from e
-  except checkpoints.UnreadableCheckpointError as e:
-    raise CheckpointError(f"Workdir {path}: {e}") from e
-  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
-  return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
-                    params=params, tokenizer=_workdir_tokenizer(path, config),
-                    heads=heads, pooler=True, missing=(),
-                    step=restored_step)
+  tok = Tokenizer.find_in(path)
+  if tok is None or tok.is_sentencepiece or not str(tok.path).endswith(
+      ".json"):
+    return tok
+  with open(tok.path, encoding="utf-8") as f:
+    spec = json.load(f)
+  if spec.get("padding") is None and spec.get("truncation") is None:
+    return tok
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  spec.update(padding=None, truncation=None)
+  plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
+  return Tokenizer(wp=plain, path=tok.path, do_lower_case=tok.do_lower_case,
+                   keep_accents=tok.keep_accents)

@@ -31,6 +31,7 @@ from safetensors.numpy import load_file
 
 from albert_jax import hf
 from albert_jax import models
+from albert_jax.interop.hf_config import CONFIG_KEYS
 from albert_jax.model_config import ModelConfig
 from albert_jax.pretrained import CheckpointError
 from albert_jax.pretrained import load_pretrained
@@ -492,7 +493,9 @@ def _edit_config(path, **changes):
 
 
 @pytest.mark.parametrize("changes, expected", [
-    (dict(model_type="bert"), "model_type='bert'"),
+    (dict(model_type="gpt2"),
+     "model_type='gpt2'; albert_jax reads checkpoints of model types "
+     "albert, bert, electra, roberta"),
     (dict(position_embedding_type="relative_key"), "relative_key"),
     (dict(hidden_act="swishy"), "swishy"),
     (dict(num_attention_heads=5), "divisible"),
@@ -511,7 +514,7 @@ def test_config_defaults_follow_transformers():
   cfg = hf.config_from_hf({"architectures": ["AlbertForMaskedLM"],
                            "classifier_dropout_prob": None})
   reference = transformers.AlbertConfig()
-  for key in hf._CONFIG_KEYS:  # pylint: disable=protected-access
+  for key in CONFIG_KEYS["albert"]:
     assert getattr(cfg, key) == getattr(reference, key), key
 
 

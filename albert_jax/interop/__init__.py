@@ -1,0 +1,17 @@
+"""Reading and writing other codebases' checkpoints.
+
+Modules:
+  layout: the tensor tables that drive every conversion, and shape checks.
+  hf_config: HF `config.json` ↔ ModelConfig for ALBERT, BERT, RoBERTa and
+    ELECTRA.
+  hf_albert, hf_bert: HF tensor names ↔ albert_jax parameters.
+  hf_files: safetensors (single or sharded) and weights-only torch files.
+  tf_checkpoint: google-research/albert TF1 release directories.
+  workdir_loading: albert_jax training workdirs.
+
+`albert_jax.hf` and `albert_jax.pretrained` are the public entry points.
+"""
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be loaded, with what to do about it."""

@@ -1,0 +1,99 @@
+"""`load_pretrained` on an albert_jax training workdir.
+
+The model is rebuilt from the trainer's config.json `model` section, its heads
+from `data.objective`, and only the parameters of the newest (or a chosen)
+checkpoint are read, onto one CPU device, without the optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from albert_jax.interop import CheckpointError
+from albert_jax.interop import layout
+from albert_jax.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def read_workdir_config(path: str) -> dict | None:
+  """The trainer's resolved config (config.json), or None for an HF dir.
+
+  A trainer config is a JSON object with a `model` section; an HF config is
+  flat (`model_type`, `hidden_size`, ...). A `checkpoints/` directory without
+  a trainer config is an error rather than an HF directory.
+  """
+  config_path = os.path.join(path, "config.json")
+  has_checkpoints = os.path.isdir(os.path.join(path, "checkpoints"))
+  if not os.path.exists(config_path):
+    if has_checkpoints:
+      raise CheckpointError(
+          f"{path} has checkpoints/ but no config.json; the trainer writes "
+          "the run's config there, which is needed to rebuild the model.")
+    return None
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    if has_checkpoints:
+      raise CheckpointError(f"{config_path} is not readable JSON: {e}") from e
+    return None  # the HF path reports its own error
+  if isinstance(config, dict) and isinstance(config.get("model"), dict):
+    return config
+  if has_checkpoints and "model_type" not in config:
+    raise CheckpointError(
+        f"{config_path} has no `model` section; expected the config.json "
+        "that albert_jax's trainer writes into its workdir.")
+  return None
+
+
+def _tokenizer(path: str, config: Mapping[str, Any]):
+  """The tokenizer the run trained with: data.tokenizer or WORKDIR/spm."""
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  configured = str((config.get("data") or {}).get("tokenizer") or "")
+  own = os.path.join(path, "spm", "spiece.model")
+  # The trainer's order: a configured tokenizer wins over the workdir's.
+  for candidate in (configured, own) if configured else (own,):
+    if candidate and os.path.exists(candidate):
+      return Tokenizer.from_file(candidate)
+  log.warning("No tokenizer found for %s (looked for %s); .tokenizer is None.",
+              path, " and ".join(c for c in (configured, own) if c))
+  return None
+
+
+def load(path: str, config: Mapping[str, Any], step: int | None,
+         overrides: Mapping[str, Any]) -> dict[str, Any]:
+  """The fields of a `Pretrained` for workdir `path` with trainer `config`."""
+  from albert_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  note = f" with overrides {dict(overrides)}" if overrides else ""
+  try:
+    cfg = ModelConfig.from_dict({**config["model"], **overrides})
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(
+        f"{path}/config.json: the model section{note} is not a valid "
+        f"ModelConfig: {e}") from e
+  objective = (config.get("data") or {}).get("objective", "sop")
+  heads = ("mlm", "sop") if objective in ("sop", "nsp") else ("mlm",)
+  _, abstract = layout.abstract_params(cfg, True, heads)
+  try:
+    params, restored_step = checkpoints.restore_params(path, abstract,
+                                                       step=step)
+  except FileNotFoundError as e:
+    raise CheckpointError(f"Workdir {path}: {e}") from e
+  except checkpoints.CheckpointShapeError as e:
+    raise CheckpointError(
+        f"Workdir {path}: its config.json{note} (objective {objective!r}, "
+        f"heads {heads}) does not describe the model in checkpoint step "
+        f"{e.step}.\n{e}") from e
+  except checkpoints.UnreadableCheckpointError as e:
+    raise CheckpointError(f"Workdir {path}: {e}") from e
+  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
+  return dict(model_config=cfg, params=params,
+              tokenizer=_tokenizer(path, config), heads=heads, pooler=True,
+              missing=(), step=restored_step, model_type=None)
