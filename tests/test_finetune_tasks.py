@@ -110,7 +110,16 @@ def test_task_runs_end_to_end_on_mock_data(name, tokenizer_file, tmp_path):
   if name.startswith("race/"):
     config.data.max_qa_length = 12
   small(config, tokenizer_file, seq)
-  with tfds.testing.mock_data(num_examples=6):
+  if name.startswith("race/"):
+    # Random RACE examples are inconsistent (answers outside A-D, question
+    # and option counts that differ), which the task refuses; serve
+    # hand-made articles through the same TFDS machinery instead.
+    import test_finetune_race  # pylint: disable=g-import-not-at-top
+    mock = tfds.testing.mock_data(
+        as_dataset_fn=test_finetune_race._fake_race())  # pylint: disable=protected-access
+  else:
+    mock = tfds.testing.mock_data(num_examples=6)
+  with mock:
     result = ft.run(config, str(tmp_path))
   assert result["step"] == 3 and result["best_step"] == 3
   metric = METRICS.get(name, "accuracy")
