@@ -9,7 +9,9 @@ Retention keeps the newest `keep` checkpoints plus the best one by an eval
 metric. A checkpoint is written to `<step>.orbax-checkpoint-tmp` and renamed
 to `<step>` when complete, so a half-written one is never restored; if the
 newest checkpoint fails to restore (corrupt or missing files), the previous
-one is used with a warning. Restoring takes target shardings, so a checkpoint
+one is used with a warning. A write that fails (a full disk, say) raises
+CheckpointWriteError naming the step and the intact checkpoints a rerun
+resumes from. Restoring takes target shardings, so a checkpoint
 saved on one mesh restores onto any other mesh, or onto one CPU device.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -48,6 +51,65 @@ class UnreadableCheckpointError(RuntimeError):
   """Checkpoints exist, but none of them can be read."""
 
 
+class CheckpointWriteError(OSError):
+  """Writing a checkpoint failed (disk full, quota, permissions...).
+
+  The message names the failed step, what is still intact and what to do;
+  `errno` is the underlying error's, when it had one.
+  """
+
+
+def _write_error(mngr: ocp.CheckpointManager, step: int | None,
+                 error: BaseException) -> CheckpointWriteError:
+  try:
+    mngr.reload()
+    intact = sorted(mngr.all_steps())
+  except Exception:  # pylint: disable=broad-except
+    intact = None  # the directory itself may be what failed
+  what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+  reason = (error.strerror if isinstance(error, OSError) and error.strerror
+            else f"{type(error).__name__}: {_brief(error)}")
+  if intact:
+    kept = (f"The complete checkpoints (steps {intact}) are intact and the "
+            "incomplete one is never restored: a rerun resumes from step "
+            f"{intact[-1]}.")
+  else:
+    kept = "No complete checkpoint exists yet, so a rerun starts afresh."
+  message = (f"Writing {what} to {mngr.directory} failed ({reason}). {kept} "
+             "Free space on that disk (or lower config.keep_checkpoints, or "
+             "choose another --workdir) and run again.")
+  return CheckpointWriteError(getattr(error, "errno", None), message)
+
+
+class _Manager(ocp.CheckpointManager):
+  """A CheckpointManager whose failed writes raise CheckpointWriteError.
+
+  An asynchronous write fails in a background thread and surfaces at the
+  next `save` or `wait_until_finished`, as the bare error of whatever layer
+  hit it; here it says which step failed and that the others are intact.
+  """
+
+  _writing: int | None = None  # the step of the last save started
+
+  def save(self, step, *args, **kwargs):
+    try:
+      started = super().save(step, *args, **kwargs)
+    except CheckpointWriteError:  # the previous write, from the wait
+      raise
+    except OSError as e:
+      raise _write_error(self, int(step), e) from e
+    if started:
+      self._writing = int(step)
+    return started
+
+  def wait_until_finished(self):
+    try:
+      super().wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      # Anything the background write raised means the write failed.
+      raise _write_error(self, self._writing, e) from e
+
+
 def checkpoint_dir(workdir: str) -> str:
   """Where a workdir's checkpoints live."""
   return os.path.join(os.path.abspath(os.fspath(workdir)), CHECKPOINTS)
@@ -69,10 +131,17 @@ def manager(workdir: str, *, keep: int = 3, best_metric: str | None = None,
 
   Returns:
     An orbax CheckpointManager; leftover `*.orbax-checkpoint-tmp` directories
-    of an interrupted save are removed when it is created.
+    of an interrupted save are removed when it is created. A write that
+    fails (e.g. a full disk) raises CheckpointWriteError from `save` or
+    `wait_until_finished`, leaving the complete checkpoints intact.
   """
   if best_mode not in ("max", "min"):
     raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
+  directory = checkpoint_dir(workdir)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise NotADirectoryError(
+        f"{directory} is a file, where the workdir's checkpoints directory "
+        "belongs; move it away, or choose another --workdir.")
   policies = [ocp.checkpoint_managers.LatestN(n=keep)]
   if best_metric:
     policies.append(ocp.checkpoint_managers.BestN(
@@ -83,8 +152,8 @@ def manager(workdir: str, *, keep: int = 3, best_metric: str | None = None,
       preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
           policies),
       cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(
-      checkpoint_dir(workdir), options=options,
+  return _Manager(
+      directory, options=options,
       item_handlers={"state": ocp.StandardCheckpointHandler(),
                      "meta": ocp.JsonCheckpointHandler()})
 
@@ -223,6 +292,13 @@ def check_shapes(mngr: ocp.CheckpointManager, step: int, target: Any,
     raise _shape_error(mngr.directory, step, problems)
 
 
+def _brief(error: BaseException, limit: int = 400) -> str:
+  """An error's text cut short: tensorstore's embed kilobytes of spec."""
+  text = " ".join(str(error).split())
+  text = re.sub(r" ?\[tensorstore_spec=.*", "", text)
+  return text if len(text) <= limit else text[:limit] + " …"
+
+
 def _read_metadata(mngr, step, directory):
   """Stored shapes, or None (with a warning) when the metadata is unreadable."""
   try:
@@ -230,7 +306,7 @@ def _read_metadata(mngr, step, directory):
   except Exception as e:  # pylint: disable=broad-except
     log.warning("Checkpoint step %d in %s has unreadable metadata (%s: %s); "
                 "trying the previous one.", step, directory,
-                type(e).__name__, e)
+                type(e).__name__, _brief(e))
     return None
 
 
@@ -297,7 +373,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any,
       # orbax / tensorstore raise many kinds for missing or corrupt files.
       log.warning("Checkpoint step %d in %s could not be restored (%s: %s); "
                   "trying the previous one.", step, mngr.directory,
-                  type(e).__name__, e)
+                  type(e).__name__, _brief(e))
       failures.append(step)
       continue
     if failures:
@@ -394,7 +470,7 @@ def restore_params(workdir: str, abstract_params: Any,
     except Exception as e:  # pylint: disable=broad-except
       log.warning("Checkpoint step %d in %s could not be read (%s: %s); "
                   "trying the previous one.", s, directory,
-                  type(e).__name__, e)
+                  type(e).__name__, _brief(e))
       failures.append(s)
       continue
     return restored["state"]["params"], s

@@ -48,11 +48,35 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 DATA_AXES = ("data", "fsdp")
 
 
+_MESH_EXAMPLE = "--config.mesh=\"(('data',-1),('fsdp',1),('tensor',1))\""
+
+
+def _mesh_axes(axes: Any) -> list[tuple[str, int]]:
+  """`config.mesh` as (name, size) pairs, or an error showing the form.
+
+  A command-line override such as `--config.mesh=data` parses without
+  complaint into something else, so the form is checked here.
+  """
+  def pair(entry):
+    return (isinstance(entry, (tuple, list)) and len(entry) == 2
+            and isinstance(entry[0], str) and entry[0]
+            and isinstance(entry[1], (int, np.integer))
+            and not isinstance(entry[1], bool))
+  if isinstance(axes, (str, bytes)) or not isinstance(axes, Sequence) or (
+      not axes) or not all(pair(e) for e in axes):
+    raise ValueError(
+        "config.mesh must be a non-empty sequence of (axis name, size) "
+        f"pairs, size -1 for 'the remaining devices'; got {axes!r}. For "
+        f"example {_MESH_EXAMPLE}.")
+  return [(name, int(size)) for name, size in axes]
+
+
 def mesh_shape(axes: Sequence[tuple[str, int]], num_devices: int
                ) -> tuple[tuple[str, ...], tuple[int, ...]]:
   """Resolves one -1 size so that the product equals `num_devices`."""
-  names = tuple(str(a) for a, _ in axes)
-  sizes = [int(s) for _, s in axes]
+  axes = _mesh_axes(axes)
+  names = tuple(a for a, _ in axes)
+  sizes = [s for _, s in axes]
   if len(set(names)) != len(names):
     raise ValueError(f"Mesh axis names repeat: {names}.")
   free = [i for i, s in enumerate(sizes) if s == -1]

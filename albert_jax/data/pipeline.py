@@ -8,7 +8,6 @@ matches the config is rebuilt rather than silently reused.
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 
@@ -19,6 +18,11 @@ from albert_jax.data import prepare as prepare_lib
 log = logging.getLogger(__name__)
 
 BUNDLED_DIR = os.path.join(os.path.dirname(__file__), "bundled", "corpus")
+# The settings a data error may ask the trainer's user to change.
+TRAINER_OPTIONS = {"input": "config.data.corpus",
+                   "format": "config.data.format",
+                   "objective": "--config.data.objective",
+                   "eval_fraction": "config.data.eval_fraction"}
 
 
 def corpus_pattern(corpus: str) -> str:
@@ -28,27 +32,86 @@ def corpus_pattern(corpus: str) -> str:
   return corpus
 
 
-def ensure_tokenizer(config, workdir: str):
-  """The configured tokenizer, or one trained into WORKDIR/spm on first use."""
+def _load_tokenizer(path: str, what: str, fix: str):
+  """Tokenizer.from_file with errors that say which setting and how to fix.
+
+  SentencePiece reports a missing or unparsable file as a bare RuntimeError.
+  """
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{what} {path!r} does not exist; {fix}")
+  try:
+    return Tokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"{what} {path!r} cannot be read as a tokenizer ({type(e).__name__}: "
+        f"{e}); it is damaged or not a SentencePiece .model, vocab.txt or "
+        f"tokenizer.json. {fix[0].upper() + fix[1:]}") from e
+
+
+def _train_tokenizer(config, path: str):
+  """Trains the workdir's SentencePiece model, atomically.
+
+  The model is trained under a temporary name and renamed into place, so a
+  run killed while training leaves no truncated `spiece.model` that every
+  later run would fail to load; the rerun trains again.
+  """
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  corpus = config.data.corpus
+  if config.data.format != "sentences":
+    raise ValueError(
+        "Training a tokenizer needs a corpus in the official sentence "
+        "format; for other formats give config.data.tokenizer.")
+  try:
+    files = prepare_lib.documents_lib.expand_paths(corpus_pattern(corpus))
+  except FileNotFoundError as e:
+    raise FileNotFoundError(
+        f"config.data.corpus={corpus!r}: {e} Give files or globs of text "
+        "(comma-separated), or 'bundled' for the shipped corpus.") from e
+  log.info("Training a %d-piece SentencePiece model on %d file(s) → %s",
+           config.model.vocab_size, len(files), path)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  partial = path[:-len(".model")] + ".partial"
+  try:
+    Tokenizer.train(files, config.model.vocab_size,
+                    output=partial + ".model", seed=config.seed,
+                    input_sentence_size=2_000_000)
+  except ValueError as e:  # nothing usable in the corpus
+    raise ValueError(
+        f"Cannot train a tokenizer on config.data.corpus={corpus!r}: {e} "
+        "Point config.data.corpus at UTF-8 text in the official format (a "
+        "sentence per line, a blank line between documents), or give a "
+        "trained model as config.data.tokenizer.") from e
+  # The .model goes last: its presence means the tokenizer is complete.
+  if os.path.exists(partial + ".vocab"):
+    os.replace(partial + ".vocab", path[:-len(".model")] + ".vocab")
+  os.replace(partial + ".model", path)
+  return Tokenizer.from_file(path)
+
+
+def ensure_tokenizer(config, workdir: str):
+  """The configured tokenizer, or one trained into WORKDIR/spm on first use.
+
+  Raises:
+    FileNotFoundError: config.data.tokenizer or the corpus does not exist.
+    ValueError: the tokenizer file is damaged, the corpus has no usable
+      text, or the vocabulary size disagrees with model.vocab_size.
+  """
   if config.data.tokenizer:
-    tok = Tokenizer.from_file(config.data.tokenizer)
+    tok = _load_tokenizer(
+        config.data.tokenizer, "config.data.tokenizer",
+        "give the path of a SentencePiece .model (or vocab.txt / "
+        "tokenizer.json / an HF directory), or leave config.data.tokenizer "
+        "empty to train one in the workdir.")
   else:
     path = os.path.join(workdir, "spm", "spiece.model")
     if os.path.exists(path):
-      tok = Tokenizer.from_file(path)
+      tok = _load_tokenizer(
+          path, "The workdir's tokenizer",
+          "delete it (and the workdir's data/) to train a new one, or start "
+          "in a new workdir.")
     else:
-      if config.data.format != "sentences":
-        raise ValueError(
-            "Training a tokenizer needs a corpus in the official sentence "
-            "format; for other formats give config.data.tokenizer.")
-      files = sorted(glob.glob(corpus_pattern(config.data.corpus)))
-      log.info("Training a %d-piece SentencePiece model on %d file(s) → %s",
-               config.model.vocab_size, len(files), path)
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      tok = Tokenizer.train(files, config.model.vocab_size, output=path,
-                            seed=config.seed,
-                            input_sentence_size=2_000_000)
+      tok = _train_tokenizer(config, path)
   if tok.vocab_size != config.model.vocab_size:
     raise ValueError(
         f"The tokenizer has {tok.vocab_size} pieces but model.vocab_size is "
@@ -100,7 +163,9 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
   stats = prepare_lib.documents_lib.ReadStats()
   docs = prepare_lib.open_documents(corpus_pattern(config.data.corpus),
                                     config.data.format, stats)
-  metadata = prepare_lib.prepare(docs, wanted, stats)
+  metadata = prepare_lib.prepare(
+      docs, wanted, stats, source=f"config.data.corpus={config.data.corpus!r}",
+      options=TRAINER_OPTIONS)
   log.info("Prepared data:\n%s", prepare_lib.summary(metadata))
   return out
 

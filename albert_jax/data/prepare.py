@@ -34,7 +34,7 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Iterator, Sequence, TextIO
+from typing import Iterator, Mapping, Sequence, TextIO
 
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
@@ -45,6 +45,10 @@ FORMAT = "albert_jax.instances/1"
 SPLITS = ("train", "eval")
 _MAX_BLOCK_CHARS = 1 << 25  # bounds a block's memory when documents are huge
 _TOKENIZER = None  # one per worker process, loaded by _init_worker
+# What an error asks the user to change, by the names of this CLI's flags;
+# other front ends (the trainer) pass their own names to `prepare`.
+CLI_OPTIONS = {"input": "--input", "format": "--format",
+               "objective": "--objective", "eval_fraction": "--eval_fraction"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +189,8 @@ class _Progress:
 def prepare(docs: Iterator[list[str]], config: PrepareConfig,
             read_stats: documents_lib.ReadStats | None = None,
             progress: TextIO | None = sys.stderr,
-            source: str = "the corpus") -> dict:
+            source: str = "the corpus",
+            options: Mapping[str, str] = CLI_OPTIONS) -> dict:
   """Writes shards and `dataset.json`; returns the metadata written.
 
   A previous run's shards in `output_dir` are removed first, and this
@@ -199,6 +204,8 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
     read_stats: the reader's counters (for progress and the metadata).
     progress: where the progress bar goes; None for silence.
     source: the input's name, for error messages.
+    options: how the caller's user sets the input, format and objective
+      (keys of CLI_OPTIONS), for error messages.
 
   Raises:
     ValueError: nothing to train on (no documents, or no instances).
@@ -249,7 +256,7 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
       drain(0)
     bar.update(sum(t.documents for t in totals.values()),
                sum(t.instances for t in totals.values()), final=True)
-    _check_nonempty(totals, config, source)
+    _check_nonempty(totals, config, source, {**CLI_OPTIONS, **options})
   except BaseException:
     _clear_outputs(config.output_dir)  # no half-written dataset left behind
     raise
@@ -283,13 +290,14 @@ def _clear_outputs(output_dir: str) -> None:
 
 
 def _check_nonempty(totals: dict[str, instances_lib.Stats],
-                    config: PrepareConfig, source: str) -> None:
+                    config: PrepareConfig, source: str,
+                    options: Mapping[str, str]) -> None:
   documents = sum(t.documents for t in totals.values())
   if documents == 0:
     raise ValueError(
-        f"Nothing to train on: {source} holds no documents. Check --input "
-        "and --format (sentences: one sentence per line, a blank line "
-        "between documents).")
+        f"Nothing to train on: {source} holds no documents. Check "
+        f"{options['input']} and {options['format']} (sentences: one "
+        "sentence per line, a blank line between documents).")
   train = totals["train"]
   if train.instances:
     return
@@ -298,13 +306,16 @@ def _check_nonempty(totals: dict[str, instances_lib.Stats],
     raise ValueError(
         f"Nothing to train on: all {documents} documents of {source} have a "
         "single sentence, and sentence-order prediction needs documents of "
-        "at least 2 sentences. Separate documents by blank lines rather than "
-        "after every line, or use --objective=none.")
+        "at least 2 sentences. Add documents of several sentences "
+        "(separated by blank lines, not after every line), or use "
+        f"{options['objective']}=none, which needs no sentence pairs.")
   raise ValueError(
       f"Nothing to train on: {documents} documents of {source} gave no "
       f"training instances ({single} had a single sentence, "
       f"{train.skipped_chunks} chunks were skipped, "
-      f"{train.documents} documents fell in the train split).")
+      f"{train.documents} documents fell in the train split). Add more "
+      f"text, or lower {options['eval_fraction']} if the held-out split "
+      "took the documents.")
 
 
 def summary(metadata: dict) -> str:
