@@ -254,3 +254,29 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   c.peak_tflops_per_device = 0.0
   c.fast_compile = False  # on CPU: fewer XLA optimisations, quicker start
   return c
+
+
+def classify_config(*, learning_rate: float = 2e-5, batch_size: int = 32,
+                    num_train_steps: int = 1000, warmup_steps: int = 100,
+                    max_seq_length: int = 128, dropout: float = 0.0
+                    ) -> ml_collections.ConfigDict:
+  """Fine-tuning on the user's own TSV/CSV/JSONL files (the "files" task;
+  its keys are documented in albert_jax/finetune/files.py)."""
+  c = finetune_config("files", learning_rate=learning_rate,
+                      batch_size=batch_size, num_train_steps=num_train_steps,
+                      warmup_steps=warmup_steps,
+                      max_seq_length=max_seq_length, dropout=dropout)
+  str_ = ml_collections.config_dict.placeholder(str)
+  c.data.update(dict(
+      train_file="", eval_file="", test_file=str_,
+      text_column=ml_collections.config_dict.placeholder(str),
+      text_columns=ml_collections.config_dict.placeholder(tuple),
+      label_column="label",
+      labels=ml_collections.config_dict.placeholder(tuple),
+      task_type="classification",
+      header=ml_collections.config_dict.placeholder(tuple),
+      metric=ml_collections.config_dict.placeholder(str),
+      # One labelled file instead of three: cut into stratified
+      # train/eval/test files (used when fine-tuning after pre-training).
+      split_from="", split_fractions=(0.8, 0.1, 0.1)))
+  return c

@@ -45,6 +45,25 @@ def compiler_options(config) -> dict[str, Any] | None:
   return None
 
 
+def mesh_and_rules(config):
+  """The run's mesh and sharding rules, checked against the batch size.
+
+  Called before any data work, so a mesh or batch that cannot work fails in
+  seconds rather than after tokenizer training and data preparation.
+  """
+  from albert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  mesh = sharding_lib.make_mesh(config.mesh)
+  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
+  dp = sharding_lib.data_parallel_size(mesh)
+  if config.batch_size % (dp * config.accumulation_steps):
+    raise ValueError(
+        f"batch_size {config.batch_size} must be divisible by the "
+        f"data-parallel size ({dp}) × accumulation_steps "
+        f"({config.accumulation_steps}); change --config.batch_size or "
+        "--config.mesh.")
+  return mesh, rules
+
+
 class NonFiniteError(FloatingPointError):
   """Too many consecutive steps had a NaN/Inf loss or gradient."""
 

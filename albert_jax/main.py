@@ -158,15 +158,22 @@ def run():
   def parse(argv):
     try:
       return flags.FLAGS(argv)
-    except flags.Error as e:
+    except (flags.Error, AttributeError, KeyError) as e:
+      # ml-collections reports an unknown key as AttributeError/KeyError and
+      # a bad value as a flags error: one clear line, no tracebacks.
+      message = str(e).strip('"')
       bad = [a for a in argv if a.startswith("--config.")]
       try:
         config = _CONFIG.value
       except flags.UnparsedFlagAccessError:
         config = None
       if config is not None and bad:
-        _check_overrides(bad)
-      raise app.UsageError(str(e)) from e
+        try:
+          _check_overrides(bad)
+        except app.UsageError as usage:
+          message = str(usage)
+      print(f"error: {message}", file=sys.stderr)
+      sys.exit(2)
   app.run(main, flags_parser=parse)
 
 

@@ -245,23 +245,6 @@ def _finish(path: str, model_type: str, *, model_config: ModelConfig,
 
 def _tokenizer(path: str):
   """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt,
-  *.model), or None.
-
-  A tokenizer.json may switch on fixed-length padding and truncation (HF
-  sentence-transformers exports pad every text to 128); `encode` must return
-  the text's own ids, so both are switched off here.
-  """
+  *.model), or None."""
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
-  tok = Tokenizer.find_in(path)
-  if tok is None or tok.is_sentencepiece or not str(tok.path).endswith(
-      ".json"):
-    return tok
-  with open(tok.path, encoding="utf-8") as f:
-    spec = json.load(f)
-  if spec.get("padding") is None and spec.get("truncation") is None:
-    return tok
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  spec.update(padding=None, truncation=None)
-  plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
-  return Tokenizer(wp=plain, path=tok.path, do_lower_case=tok.do_lower_case,
-                   keep_accents=tok.keep_accents)
+  return Tokenizer.find_in(path)

@@ -167,6 +167,10 @@ class Tokenizer:
     For a directory, unset flags come from its tokenizer_config.json.
     """
     path = os.fspath(path)
+    if not os.path.exists(path):
+      raise FileNotFoundError(
+          f"No tokenizer at {path}: give a SentencePiece .model, a vocab.txt, "
+          "a tokenizer.json or a directory holding one.")
     if os.path.isdir(path):
       tok = cls.find_in(path, do_lower_case, keep_accents)
       if tok is None:

@@ -72,6 +72,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   # Workdir, tokenizer and prepared data.
   ##############################################################################
   loop.prepare_workdir(workdir)
+  mesh, rules = loop.mesh_and_rules(config)
   tokenizer = pipeline.ensure_tokenizer(config, workdir)
   data_dir = pipeline.ensure_dataset(config, workdir, tokenizer)
   vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
@@ -79,14 +80,6 @@ def run(config, workdir: str) -> dict[str, Any]:
   ##############################################################################
   # Mesh, model and optimizer.
   ##############################################################################
-  mesh = sharding_lib.make_mesh(config.mesh)
-  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
-  dp = sharding_lib.data_parallel_size(mesh)
-  if config.batch_size % (dp * config.accumulation_steps):
-    raise ValueError(
-        f"batch_size {config.batch_size} must be divisible by the "
-        f"data-parallel size ({dp}) × accumulation_steps "
-        f"({config.accumulation_steps}).")
   model_config = ModelConfig.from_dict(config.model)
   heads = heads_for(config.data.objective)
   model = models.Albert(model_config, heads=heads)

@@ -30,12 +30,35 @@ def bert_wordpiece(vocab_file: str, do_lower_case: bool, keep_accents: bool):
   return tok
 
 
+def _check_vocab_lines(path: str) -> None:
+  """A piece on two lines leaves an id with no piece: refuse it by name."""
+  seen: dict[str, int] = {}
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      piece = line.rstrip("\n")
+      if piece in seen:
+        raise ValueError(
+            f"{path}: the piece {piece!r} is on line {seen[piece]} and again "
+            f"on line {number}; a vocab.txt lists each piece once (its line "
+            "number is its id). Remove the repeated line.")
+      seen[piece] = number
+
+
 def load(path: str, do_lower_case: bool, keep_accents: bool):
-  """A `tokenizer.json` as saved, or a BERT `vocab.txt` with these flags."""
+  """A `tokenizer.json`, or a BERT `vocab.txt` with these flags.
+
+  A tokenizer.json may switch on fixed-length padding and truncation (HF
+  sentence-transformers exports pad every text to 128); `encode` must give
+  the text's own ids, so both are switched off.
+  """
   if path.endswith(".txt"):
+    _check_vocab_lines(path)
     return bert_wordpiece(path, do_lower_case, keep_accents)
   import tokenizers  # pylint: disable=g-import-not-at-top
-  return tokenizers.Tokenizer.from_file(path)
+  tok = tokenizers.Tokenizer.from_file(path)
+  tok.no_padding()
+  tok.no_truncation()
+  return tok
 
 
 def vocabulary_info(wp, pieces: Sequence[str],

@@ -41,7 +41,7 @@ def get_config(arg=None):
   # Last stage: fine-tune the pre-trained model on the spam/ham e-mails.
   ft_steps = 20 if args.quick else args.finetune_steps
   c.finetune = config_lib.classify_config(
-      learning_rate=1e-3, batch_size=32, num_train_steps=ft_steps,
+      learning_rate=1e-4, batch_size=32, num_train_steps=ft_steps,
       warmup_steps=max(ft_steps // 10, 1), max_seq_length=128)
   c.finetune.data.split_from = "bundled/labeled/spam_assassin.tsv.gz"
   c.finetune.data.text_column = "text"

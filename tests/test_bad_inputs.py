@@ -7,9 +7,6 @@ what was there before (a workdir's checkpoint and config, the input files)
 is untouched. Where the code skips bad input instead of failing, the test
 checks that it is counted and reported. RELIABILITY.md maps each case to
 its test, here or elsewhere in tests/.
-
-Cases that need a change in a module this file's fixes do not cover are
-marked xfail(strict=True) with the change they need.
 """
 
 import contextlib
@@ -175,12 +172,6 @@ def test_wrong_value_type_names_flag_and_value(cli_once, override, expected):
   assert not proc.workdir.exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs fix in albert_jax/main.py: run()'s `parse` lets ml_collections' "
-    "AttributeError/KeyError (unknown key) and absl's UsageError escape "
-    "app.run, which prints three chained tracebacks; catch (flags.Error, "
-    "AttributeError, KeyError), build the message with config_key_error() "
-    "for unknown keys, print it to stderr and sys.exit(2)"))
 @pytest.mark.parametrize("override", UNKNOWN_KEYS[:1] + WRONG_TYPES[:1])
 def test_config_override_errors_print_no_traceback(cli_once, override):
   proc = cli_once("--config=configs/tiny.py", override, "--workdir={run}")
@@ -360,10 +351,6 @@ def test_missing_tokenizer_file(tmp_path):
     pipeline.ensure_tokenizer(config, str(tmp_path / "run"))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "needs fix in albert_jax/tokenizer.py: Tokenizer.from_file on a missing "
-    "path raises SentencePiece's RuntimeError('NOT_FOUND: ...'); check "
-    "os.path.exists first and raise FileNotFoundError naming the path"))
 def test_tokenizer_from_file_missing_is_file_not_found(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.model"):
     Tokenizer.from_file(str(tmp_path / "nope.model"))
@@ -392,11 +379,6 @@ def test_corrupt_tokenizer_file(tokenizer, tmp_path, damage):
                               str(tmp_path / "run"))
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "needs fix in albert_jax/wordpiece.py: a vocab.txt with a repeated line "
-    "leaves an id without a token (None), and vocabulary_info crashes on "
-    "None.startswith; check for repeated lines on load and raise ValueError "
-    "naming the piece and its line numbers"))
 def test_wordpiece_vocab_with_a_repeated_line(tmp_path):
   path = tmp_path / "vocab.txt"
   path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n##s\nthe\n",

@@ -229,3 +229,53 @@ def test_task_objective_accumulation_matches_one_batch(toy):
   np.testing.assert_allclose(sums(params, batch)["task_loss_sum"],
                              sums(params, trimmed)["task_loss_sum"],
                              rtol=1e-6)
+
+
+def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path):
+  """config.init: the checkpoint's embeddings/encoder/pooler land in
+  params["albert"] unchanged; config.model overrides only what is set."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  torch.manual_seed(0)
+  hf = transformers.AlbertForPreTraining(transformers.AlbertConfig(
+      vocab_size=VOCAB, embedding_size=16, hidden_size=32,
+      num_attention_heads=2, intermediate_size=48, num_hidden_layers=2,
+      max_position_embeddings=SEQ, hidden_dropout_prob=0.3))
+  hf.save_pretrained(str(tmp_path / "hf"))
+  config = toy_config()
+  for k in config.model.keys():  # back to "keep the checkpoint's"
+    config.model[k] = None
+  config.model.hidden_dropout_prob = 0.05
+  config.init = str(tmp_path / "hf")
+  model_config, encoder, _ = ft.encoder_start(config)
+  assert model_config.hidden_size == 32
+  assert model_config.hidden_dropout_prob == 0.05
+  assert set(encoder) == {"embeddings", "encoder", "pooler"}
+
+  task = ToyTask()
+  model = task_lib.FineTuneModel(model_config, task.head(model_config))
+  import optax  # pylint: disable=g-import-not-at-top
+  from albert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax import train_step as step_lib  # pylint: disable=g-import-not-at-top
+  tx = optax.sgd(0.1)
+  example = {**toy_features(1, 0), "weights": np.ones(1, np.float32)}
+  init = step_lib.state_init_fn(
+      lambda r: model.init(r, example)["params"], tx)
+  mesh = sharding_lib.make_mesh((("data", -1),))
+  rules = sharding_lib.rules_for(mesh)
+  abstract = jax.eval_shape(init, jax.random.key(0))
+  shardings = step_lib.state_shardings(abstract, tx, mesh, rules)
+  state, _ = step_lib.create_state_with(init, tx, mesh, rules,
+                                        jax.random.key(0), FAST_COMPILE)
+  placed = ft._place_encoder(state, shardings, encoder)  # pylint: disable=protected-access
+  for key in encoder:
+    jax.tree.map(np.testing.assert_array_equal,
+                 placed["params"]["albert"][key], encoder[key])
+  # The head keeps its fresh initialisation.
+  jax.tree.map(np.testing.assert_array_equal, placed["params"]["head"],
+               state["params"]["head"])
+  # A checkpoint of another width is refused with the mismatched paths.
+  wide = jax.tree.map(lambda x: np.zeros(x.shape[:-1] + (x.shape[-1] + 1,)),
+                      encoder)
+  with pytest.raises(ValueError, match="do not fit the model.*embeddings"):
+    ft._place_encoder(state, shardings, wide)  # pylint: disable=protected-access

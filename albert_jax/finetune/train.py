@@ -151,6 +151,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   # Task, encoder and data.
   ##############################################################################
   loop.prepare_workdir(workdir)
+  mesh, rules = loop.mesh_and_rules(config)
   task = tasks.make_task(config.data.task, config.data)
   model_config, encoder, tokenizer = encoder_start(config)
   seq_len = config.data.max_seq_length
@@ -162,14 +163,6 @@ def run(config, workdir: str) -> dict[str, Any]:
   ##############################################################################
   # Mesh, model, optimizer and state (restored, or pre-trained + new head).
   ##############################################################################
-  mesh = sharding_lib.make_mesh(config.mesh)
-  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
-  dp = sharding_lib.data_parallel_size(mesh)
-  if config.batch_size % (dp * config.accumulation_steps):
-    raise ValueError(
-        f"batch_size {config.batch_size} must be divisible by the "
-        f"data-parallel size ({dp}) × accumulation_steps "
-        f"({config.accumulation_steps}).")
   model = FineTuneModel(model_config, task.head(model_config))
   objective = TaskObjective(model, task)
   tx, schedule = optim.make(config)
