@@ -10,8 +10,9 @@ test accuracy beside the majority-class baseline.
 
   python -m albert_jax.main --config=configs/demo.py --workdir=/tmp/albert_demo
 
-Arguments: `steps=N` (default 400), `finetune_steps=N` (default 150),
-`quick` (a 30-step pre-training and 20-step fine-tuning smoke run).
+Arguments: `steps=N` (default 400), `finetune_steps=N` (default 150; 0
+skips fine-tuning), `quick` (a 30-step pre-training and 20-step fine-tuning
+smoke run).
 """
 
 from albert_jax import config_lib
@@ -39,6 +40,8 @@ def get_config(arg=None):
   c.keep_checkpoints = 2
 
   # Last stage: fine-tune the pre-trained model on the spam/ham e-mails.
+  if args.finetune_steps == 0:
+    return c
   ft_steps = 20 if args.quick else args.finetune_steps
   c.finetune = config_lib.classify_config(
       learning_rate=1e-4, batch_size=32, num_train_steps=ft_steps,

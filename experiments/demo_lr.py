@@ -17,7 +17,7 @@ Arguments: `quick` (two learning rates, 30 steps each).
 from albert_jax import config_lib
 from albert_jax import sweep
 
-CONFIG = "configs/demo.py:steps=200"
+CONFIG = "configs/demo.py:steps=200,finetune_steps=0"
 
 
 def get_sweep(arg=None):

@@ -231,9 +231,9 @@ def test_print_commands_local_and_tpu(env, capsys):
   n2 = n1.replace("0.002", "0.008")
   rest = "--config.num_train_steps=30 --config.optimizer.warmup_steps=3"
   assert capsys.readouterr().out.splitlines() == [
-      f"python -m albert_jax.main --config=configs/demo.py:steps=200 "
+      f"python -m albert_jax.main --config=configs/demo.py:steps=200,finetune_steps=0 "
       f"--workdir={root}/{n1} --config.optimizer.learning_rate=0.002 {rest}",
-      f"python -m albert_jax.main --config=configs/demo.py:steps=200 "
+      f"python -m albert_jax.main --config=configs/demo.py:steps=200,finetune_steps=0 "
       f"--workdir={root}/{n2} --config.optimizer.learning_rate=0.008 {rest}"]
 
   assert sweep.main(["experiments/demo_lr.py:quick", "--print_commands",
@@ -407,7 +407,7 @@ def test_module_runs_from_the_command_line(env):
   lines = result.stdout.splitlines()
   assert len(lines) == 6
   assert lines[-1] == (
-      "python -m albert_jax.main --config=configs/demo.py:steps=200 "
+      "python -m albert_jax.main --config=configs/demo.py:steps=200,finetune_steps=0 "
       "--workdir=/nonexistent/demo_lr/optimizer.learning_rate=0.008,"
       "model.share=none --config.optimizer.learning_rate=0.008 "
       "--config.model.share=none")
