@@ -6,6 +6,9 @@ rows with no valid key are zeros, never NaN.
 """
 
 import functools
+import json
+import subprocess
+import sys
 
 import hypothesis
 from hypothesis import strategies as st
@@ -197,17 +200,17 @@ def test_bfloat16_inputs_give_bfloat16_close_to_reference():
     (((2, 4, 2, 8),) * 3, {"kv_segment_ids": (2, 4)}, "needs segment_ids"),
     (((2, 4, 2, 8),) * 3, {"impl": "flash"}, "Unknown attention impl"),
     (((2, 4, 2, 8),) * 3, {"dropout_rate": 1.0}, r"dropout_rate must be"),
-    (((2, 4, 2, 8),) * 3,
-     {"impl": "cudnn", "dropout_rate": 0.1, "deterministic": False,
-      "dropout_rng": "key"}, "no attention dropout"),
+    (((2, 4, 2, 8),) * 3, {"impl": "pallas"}, "head_dim 8 is not supported"),
+    (((2, 4, 2, 64),) * 3, {"impl": "pallas", "dtype": jnp.float16},
+     "all float32 or all bfloat16"),
 ])
 def test_bad_inputs_raise_clear_value_errors(shapes, kwargs, match):
-  q, k, v = (jnp.zeros(s) for s in shapes)
+  kwargs = dict(kwargs)
+  dtype = kwargs.pop("dtype", jnp.float32)
+  q, k, v = (jnp.zeros(s, dtype) for s in shapes)
   for name in ("segment_ids", "kv_segment_ids"):
     if name in kwargs:
       kwargs[name] = jnp.ones(kwargs[name], jnp.int32)
-  if kwargs.get("dropout_rng") == "key":
-    kwargs["dropout_rng"] = jax.random.PRNGKey(0)
   with pytest.raises(ValueError, match=match):
     attention.dot_product_attention(q, k, v, **kwargs)
 
@@ -218,3 +221,67 @@ def test_segment_mask_by_hand():
   expected = [[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]]
   assert mask.shape == (1, 1, 4, 4)
   np.testing.assert_array_equal(mask[0, 0], np.asarray(expected, bool))
+
+
+# Run in a subprocess: 4 fake CPU devices must be set before JAX starts, and
+# this process's JAX (conftest.py) has one.
+_SHARD_WORKER = r'''
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from albert_jax import sharding
+from albert_jax.ops import attention
+
+seen = []
+
+def kernel(q, k, v, q_ids, kv_ids):  # the XLA path, recording its shapes
+  seen.append([list(q.shape), None if q_ids is None else list(q_ids.shape)])
+  mask = None if q_ids is None else attention.segment_mask(q_ids, kv_ids)
+  return attention._xla_attention(q, k, v, mask, 0.0, None, True)
+
+results = []
+rng = np.random.default_rng(0)
+for axes, batch, heads, with_ids in [
+    ([("data", 2), ("tensor", 2)], 4, 2, True),
+    ([("data", 2), ("fsdp", 2)], 4, 3, False),
+    ([("data", 4)], 6, 2, True)]:
+  q, k, v = (jnp.asarray(rng.normal(size=(batch, 5, heads, 64)), jnp.float32)
+             for _ in range(3))
+  ids = jnp.asarray(rng.integers(0, 3, size=(batch, 5))) if with_ids else None
+  want = kernel(q, k, v, ids, ids)
+  seen.clear()
+  mesh = sharding.make_mesh(axes)
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda q, k, v, ids: attention._per_shard(
+        kernel, q, k, v, ids, ids))(q, k, v, ids)
+    try:
+      attention.dot_product_attention(q, k, v, impl="pallas")
+      error = None
+    except ValueError as e:
+      error = str(e)
+  results.append(dict(seen=seen[-1], diff=float(np.abs(got - want).max()),
+                      pallas_error=error))
+print(json.dumps(results))
+'''
+
+
+def test_kernels_run_per_shard_under_a_mesh(tmp_path):
+  """Under a multi-device mesh a kernel sees its device's share of the batch
+  (data, fsdp) and heads (tensor) and the result is the unsharded one."""
+  script = tmp_path / "shard_worker.py"
+  script.write_text(_SHARD_WORKER)
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  # [batch, seq, heads, dim] per shard; ids [batch, seq] or None.
+  assert [r["seen"] for r in results] == [
+      [[2, 5, 1, 64], [2, 5]],  # data x tensor
+      [[1, 5, 3, 64], None],  # batch over data and fsdp; 3 heads stay whole
+      [[6, 5, 2, 64], [6, 5]],  # 4 does not divide the batch: replicated
+  ]
+  for r in results:
+    assert r["diff"] <= 1e-6
+    assert "cannot run under a multi-device mesh" in r["pallas_error"]

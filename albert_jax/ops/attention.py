@@ -6,15 +6,47 @@ model. Masking is expressed with segment ids rather than an additive mask:
 id 0 is padding, and a query attends to the keys that carry its own id. That
 one convention covers padded batches and packed sequences alike, and it is the
 form flash kernels take.
+
+Implementations:
+  xla     the reference: einsum, softmax, einsum; the only one with dropout.
+  pallas  this package's flash-attention kernels: the Mosaic TPU kernel on
+          TPU (`flash_tpu`), the same kernel in TPU interpret mode on CPU
+          (for tests; slow), the Mosaic GPU kernel on Hopper (`flash_gpu`).
+  cudnn   cuDNN's fused attention through `jax.nn.dot_product_attention`.
+  auto    pallas on TPU, cudnn on GPU, xla on CPU, each where it takes the
+          inputs (else xla).
+A kernel without dropout hands a call with active dropout to xla, and says
+so once in the log. Under a multi-device mesh (`jax.set_mesh`) a Pallas
+kernel runs per device on its share of the batch and heads (`shard_map`);
+interpret mode on CPU needs a one-device mesh. The kernel modules import
+lazily: importing the model does not import Pallas.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import logging
+import math
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+logger = logging.getLogger(__name__)
 
 # "xla" is the reference every other path is tested against.
-IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+IMPLEMENTATIONS = ("auto", "xla", "pallas", "cudnn")
+# cuDNN's flash attention (jax.nn.dot_product_attention) takes half types
+# and head_dim a multiple of 8 up to 128 (256 on Hopper; 128 is safe).
+_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Mesh axes over which albert_jax.sharding's rules split activations: the
+# batch over data and fsdp, the heads over tensor. A Pallas kernel is a
+# custom call that XLA's partitioner cannot split, so under a multi-device
+# mesh it runs per shard inside shard_map (else every device would gather
+# the whole batch and compute all of it).
+_BATCH_AXES = ("data", "fsdp")
+_HEAD_AXES = ("tensor",)
 
 
 def segment_mask(q_segment_ids: jax.Array,
@@ -77,8 +109,102 @@ def _xla_attention(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
 
 
 def _cudnn_attention(q, k, v, mask):
-  return jax.nn.dot_product_attention(q, k, v, mask=mask,
-                                      implementation="cudnn")
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                     implementation="cudnn")
+  if mask is not None:
+    # cuDNN leaves rows with no valid key undefined; the contract is zeros.
+    row_valid = jnp.any(mask, axis=-1)[:, 0, :, None, None]
+    out = jnp.where(row_valid, out, 0)
+  return out
+
+
+def _kernel_module(backend: str):
+  """The Pallas kernel module for a backend (imported on first use)."""
+  name = {"tpu": "flash_tpu", "cpu": "flash_tpu", "gpu": "flash_gpu"}.get(
+      backend)
+  if name is None:
+    raise ValueError(
+        f"impl='pallas' has no kernel for the {backend!r} backend (TPU, GPU, "
+        "or CPU in interpret mode); use impl='xla'.")
+  return importlib.import_module(f"albert_jax.ops.{name}")
+
+
+def _cudnn_unsupported(q) -> str | None:
+  if jnp.dtype(q.dtype) not in _CUDNN_DTYPES:
+    return f"cuDNN attention takes float16/bfloat16, not {q.dtype}"
+  if q.shape[-1] % 8 or q.shape[-1] > 128:
+    return (f"cuDNN attention takes head_dim a multiple of 8 up to 128, not "
+            f"{q.shape[-1]}")
+  return None
+
+
+def _mesh_axes(mesh, names, size):
+  """The axes of `names` in `mesh` (size > 1) whose product divides size."""
+  chosen = []
+  for name in names:
+    if name in mesh.axis_names and mesh.shape[name] > 1:
+      product = math.prod(mesh.shape[a] for a in chosen) * mesh.shape[name]
+      if size % product == 0:
+        chosen.append(name)
+  return tuple(chosen) or None
+
+
+def _per_shard(kernel, q, k, v, q_ids, kv_ids):
+  """Runs kernel(q, k, v, q_ids, kv_ids) on each device's batch and heads.
+
+  Without a mesh (or with one device) this is a plain call. Batch and
+  heads are independent in attention, so splitting them is exact; mesh axes
+  that do not divide them are left replicated.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return kernel(q, k, v, q_ids, kv_ids)
+  batch = _mesh_axes(mesh, _BATCH_AXES, q.shape[0])
+  heads = _mesh_axes(mesh, _HEAD_AXES, q.shape[2])
+  spec, ids_spec = P(batch, None, heads, None), P(batch, None)
+  if q_ids is None:
+    return jax.shard_map(lambda q, k, v: kernel(q, k, v, None, None),
+                         in_specs=(spec,) * 3, out_specs=spec,
+                         check_vma=False)(q, k, v)
+  return jax.shard_map(kernel, in_specs=(spec,) * 3 + (ids_spec,) * 2,
+                       out_specs=spec, check_vma=False)(q, k, v, q_ids,
+                                                        kv_ids)
+
+
+@functools.lru_cache(maxsize=None)
+def _log_once(message: str) -> None:
+  """Logs each distinct fallback once per process, not once per trace."""
+  logger.warning(message)
+
+
+def _choose(impl: str, q, k, v, use_dropout: bool, backend: str) -> str:
+  """Resolves `impl` to the path that runs: "xla", "pallas" or "cudnn"."""
+  if impl == "auto":
+    if backend == "tpu":
+      reason = _kernel_module(backend).check_supported(q, k, v)
+      chosen = "pallas"
+    elif backend == "gpu":
+      reason = _cudnn_unsupported(q)
+      chosen = "cudnn"
+    else:
+      return "xla"
+    if reason:
+      _log_once(f"attention impl='auto' on {backend}: using xla, because "
+                f"{reason}.")
+      return "xla"
+  elif impl == "pallas":
+    reason = _kernel_module(backend).check_supported(q, k, v)
+    if reason:
+      raise ValueError(f"impl='pallas' on {backend}: {reason}.")
+    chosen = "pallas"
+  else:
+    chosen = impl
+  if use_dropout and chosen != "xla":
+    _log_once(f"attention: the {chosen} kernel has no attention dropout, so "
+              "calls with dropout active run on xla (set "
+              "model.attention_probs_dropout_prob=0 to use the kernel).")
+    return "xla"
+  return chosen
 
 
 def dot_product_attention(
@@ -106,9 +232,10 @@ def dot_product_attention(
       `deterministic`.
     dropout_rng: PRNG key for dropout.
     deterministic: disables dropout.
-    impl: one of `IMPLEMENTATIONS`. "auto" picks the fastest correct path for
-      the backend (XLA here; kernels register themselves in the attention
-      issue's work).
+    impl: one of `IMPLEMENTATIONS` (see the module docstring). "pallas"
+      refuses inputs its kernel cannot take (head_dim, dtype) with a
+      ValueError; "auto" runs those on xla. Any kernel hands calls with
+      active dropout to xla.
 
   Returns:
     [batch, q_len, heads, head_dim] in q's dtype. Query rows whose segment id
@@ -121,24 +248,32 @@ def dot_product_attention(
   _check_shapes(q, k, v, segment_ids, kv_segment_ids)
   if kv_segment_ids is None:
     kv_segment_ids = segment_ids
-  mask = None
-  if segment_ids is not None:
-    mask = segment_mask(segment_ids, kv_segment_ids)
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   use_dropout = not deterministic and dropout_rate > 0.0
   if use_dropout and dropout_rng is None:
     raise ValueError("Attention dropout needs dropout_rng.")
-  if impl == "cudnn":
-    if use_dropout:
-      raise ValueError(
-          "impl='cudnn' has no attention dropout; use impl='xla' or set "
-          "model.attention_probs_dropout_prob=0.")
+  backend = jax.default_backend()
+  chosen = _choose(impl, q, k, v, use_dropout, backend)
+  if chosen == "pallas":
+    module = _kernel_module(backend)
+    kwargs = {}
+    if backend == "cpu":
+      if jax.sharding.get_abstract_mesh().size > 1:
+        # Its host callbacks and the CPU collectives wait on each other.
+        raise ValueError(
+            "impl='pallas' on CPU runs the TPU kernel in interpret mode, "
+            "which cannot run under a multi-device mesh; use impl='xla' or "
+            "a one-device mesh.")
+      kwargs["interpret"] = module.interpret_params()
+    kernel = functools.partial(module.flash_attention, **kwargs)
+    out = _per_shard(kernel, q, k, v, segment_ids, kv_segment_ids)
+    return out.astype(q.dtype)
+  mask = None
+  if segment_ids is not None:
+    mask = segment_mask(segment_ids, kv_segment_ids)
+  if chosen == "cudnn":
     out = _cudnn_attention(q, k, v, mask)
-    if mask is not None:
-      # cuDNN leaves rows with no valid key undefined; the contract is zeros.
-      row_valid = jnp.any(mask, axis=-1)[:, 0, :, None, None]
-      out = jnp.where(row_valid, out, 0)
   else:
     out = _xla_attention(q, k, v, mask, dropout_rate, dropout_rng,
                          deterministic)
