@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import jax
@@ -100,6 +101,124 @@ class Pretrained:
             else jnp.asarray(attention_mask, jnp.int32))
     return _forward(self.model_config, self.pooler, self.heads, self.params,
                     ids, tt, mask)
+
+  def fill_mask(self, text: str, top_k: int = 5) -> dict[str, Any]:
+    """Predicts the tokens behind each "[MASK]" in `text` with the MLM head.
+
+    The text is split on the mask marker ("[MASK]", or the vocabulary's own
+    mask piece such as "<mask>"); the pieces between markers are encoded one
+    by one and the mask id put between them, inside `[CLS] ... [SEP]`. So a
+    marker always stands for exactly one token, and a marker inside a word
+    ends that word (the text after it starts a new one). One forward pass
+    gives every mask's distribution over the whole vocabulary, special
+    tokens included; the input is padded to a multiple of 32 tokens, so
+    texts of similar length reuse one compiled forward.
+
+    Args:
+      text: one text with one or more mask markers.
+      top_k: how many candidates to return per mask, 1 to the vocabulary
+        size.
+
+    Returns:
+      dict of
+        "predictions": one list per mask, in text order, of top_k
+          (token piece, probability) pairs, most probable first.
+        "token_ids": [num_masks, top_k] int the candidates' ids.
+        "probabilities": [num_masks, top_k] float32 their softmax
+          probabilities (float32 softmax of the MLM logits).
+        "positions": [num_masks] int the masks' indices in "input_ids".
+        "input_ids": [T] int the encoded input, [CLS] and [SEP] included.
+        "filled_text": the input with every mask replaced by its most
+          probable token, decoded (so normalised as the tokenizer
+          normalises, e.g. lower-cased for ALBERT; special tokens dropped).
+
+    Raises:
+      ValueError: the checkpoint has no MLM head or no tokenizer, its
+        vocabulary has no mask, [CLS] or [SEP] piece, the text has no mask
+        marker, the input is longer than the model's positions, or top_k is
+        out of range.
+    """
+    if "mlm" not in self.heads:
+      raise ValueError(
+          "fill_mask needs a masked-LM head, and this checkpoint has none "
+          f"(heads: {self.heads}; missing: {self.missing}). Load a "
+          "checkpoint that holds one, e.g. an HF *ForMaskedLM or "
+          "*ForPreTraining directory, an official ALBERT release or an "
+          "albert_jax pre-training workdir.")
+    ids, positions = self._mask_input_ids(text)
+    vocab = self.model_config.vocab_size
+    if (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+        or not 1 <= top_k <= vocab):
+      raise ValueError(f"top_k must be an integer from 1 to the vocabulary "
+                       f"size {vocab}; got {top_k!r}.")
+    # Padded to a multiple of 32 tokens so texts of similar length share one
+    # compiled forward; padded keys get no attention, so the real tokens'
+    # logits are those of the unpadded input.
+    length = min(-(-len(ids) // 32) * 32,
+                 self.model_config.max_position_embeddings)
+    batch = np.full((1, length), self.tokenizer.pad_id or 0, np.int32)
+    batch[0, :len(ids)] = ids
+    mask = (np.arange(length) < len(ids)).astype(np.int32)[None]
+    logits = self(batch, None, mask)["mlm_logits"][0, positions]
+    probs = np.asarray(jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
+    # Stable sort so ties keep the lower id first, as torch.topk does on CPU.
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    top_probs = np.take_along_axis(probs, top, axis=-1)
+    tok = self.tokenizer
+    predictions = [[(tok.id_to_piece(i), float(p)) for i, p in zip(row, pr)]
+                   for row, pr in zip(top.tolist(), top_probs)]
+    filled = np.asarray(ids)
+    filled[positions] = top[:, 0]
+    return {"predictions": predictions, "token_ids": top,
+            "probabilities": top_probs, "positions": positions,
+            "input_ids": np.asarray(ids),
+            "filled_text": tok.decode(filled[1:-1])}
+
+  def _mask_input_ids(self, text: str) -> tuple[list[int], np.ndarray]:
+    """`[CLS] text [SEP]` ids with each mask marker as the mask id, and the
+    masks' positions [num_masks]."""
+    tok = self.tokenizer
+    if tok is None:
+      raise ValueError(
+          "fill_mask needs the checkpoint's tokenizer, and this one has no "
+          "vocabulary file; set `.tokenizer = Tokenizer.from_file(...)` "
+          "(albert_jax.tokenizer) to its spiece.model, vocab.txt or "
+          "tokenizer.json first.")
+    mask_id = tok.mask_id
+    if mask_id is None:  # RoBERTa-style vocabularies spell it "<mask>".
+      i = tok.piece_to_id("<mask>")
+      mask_id = i if i is not None and tok.id_to_piece(i) == "<mask>" else None
+    if mask_id is None or tok.cls_id is None or tok.sep_id is None:
+      raise ValueError(
+          f"The tokenizer ({tok.path or 'in memory'}) lacks a mask, [CLS] or "
+          "[SEP] piece (ids: mask "
+          f"{mask_id}, cls {tok.cls_id}, sep {tok.sep_id}), so it cannot "
+          "build masked-LM inputs; use the checkpoint's own ALBERT/BERT "
+          "vocabulary.")
+    if not isinstance(text, str):
+      raise ValueError(f"fill_mask takes one text (str); got "
+                       f"{type(text).__name__}.")
+    piece = tok.id_to_piece(mask_id)
+    markers = sorted({"[MASK]", piece}, key=len, reverse=True)
+    parts = re.split("|".join(map(re.escape, markers)), text)
+    if len(parts) == 1:
+      raise ValueError(
+          f"The text has no mask marker: write {piece!r} where a token should "
+          f"be predicted, e.g. 'The capital of France is {piece}.'; got "
+          f"{text!r}.")
+    ids, positions = [tok.cls_id], []
+    for i, part in enumerate(parts):
+      if i:
+        positions.append(len(ids))
+        ids.append(mask_id)
+      ids += tok.encode(part)
+    ids.append(tok.sep_id)
+    limit = self.model_config.max_position_embeddings
+    if len(ids) > limit:
+      raise ValueError(
+          f"The text encodes to {len(ids)} tokens with [CLS] and [SEP], more "
+          f"than the model's {limit} positions; shorten it.")
+    return ids, np.asarray(positions, np.int64)
 
   def to_hf(self, path: str, model_type: str | None = None) -> None:
     """Writes an HF checkpoint directory that `from_pretrained` loads.
