@@ -136,6 +136,30 @@ def tiny_model(*, share: str = "all", projection: bool = True,
 BUNDLED_CORPUS = "bundled"  # albert_jax/data/bundled/corpus/*.txt.gz
 
 
+def _run_fields(c: ml_collections.ConfigDict, optimizer: str,
+                learning_rate: float, batch_size: int, num_train_steps: int,
+                warmup_steps: int) -> None:
+  """Batch, steps, optimizer, mesh and sharding rules: the fields every run
+  (pre-training or fine-tuning) has."""
+  c.batch_size = batch_size  # global, across all hosts
+  c.accumulation_steps = 1   # micro-batches per step, inside the jitted step
+  c.num_train_steps = num_train_steps
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
+      end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
+      weight_decay=0.01, bias_correction=False, clip_norm=1.0))
+
+  # Mesh axes and sizes (-1: the rest of the devices) and the rules that map
+  # logical parameter/activation axes onto them.
+  # Tuples, because ml-collections can override tuple fields from the command
+  # line (--config.mesh="(('data',16),('fsdp',4))") but not list fields.
+  c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
+  from albert_jax import sharding  # pylint: disable=g-import-not-at-top
+  c.sharding_rules = tuple(
+      (name, tuple(t) if isinstance(t, (list, tuple)) else t)
+      for name, t in sharding.DEFAULT_RULES)
+
+
 def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
                 optimizer: str = "lamb", learning_rate: float = 0.00176,
                 batch_size: int = 4096, num_train_steps: int = 125_000,
@@ -161,23 +185,8 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
       max_predictions=max_predictions, masked_lm_prob=0.15, max_ngram=3,
       favor_shorter_ngram=True, whole_word=True))
 
-  c.batch_size = batch_size  # global, across all hosts
-  c.accumulation_steps = 1   # micro-batches per step, inside the jitted step
-  c.num_train_steps = num_train_steps
-  c.optimizer = ml_collections.ConfigDict(dict(
-      name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
-      end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
-      weight_decay=0.01, bias_correction=False, clip_norm=1.0))
-
-  # Mesh axes and sizes (-1: the rest of the devices) and the rules that map
-  # logical parameter/activation axes onto them.
-  # Tuples, because ml-collections can override tuple fields from the command
-  # line (--config.mesh="(('data',16),('fsdp',4))") but not list fields.
-  c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
-  from albert_jax import sharding  # pylint: disable=g-import-not-at-top
-  c.sharding_rules = tuple(
-      (name, tuple(t) if isinstance(t, (list, tuple)) else t)
-      for name, t in sharding.DEFAULT_RULES)
+  _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
+              warmup_steps)
 
   c.log_every_steps = 50
   c.eval_every_steps = 1000
@@ -232,19 +241,9 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   c.data = ml_collections.ConfigDict(dict(
       task=task, max_seq_length=max_seq_length, tokenizer="",
       tfds_data_dir=ml_collections.config_dict.placeholder(str)))
-  c.batch_size = batch_size
+  _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
+              warmup_steps)
   c.eval_batch_size = 0  # 0: batch_size
-  c.accumulation_steps = 1
-  c.num_train_steps = num_train_steps
-  c.optimizer = ml_collections.ConfigDict(dict(
-      name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
-      end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
-      weight_decay=0.01, bias_correction=False, clip_norm=1.0))
-  c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
-  from albert_jax import sharding  # pylint: disable=g-import-not-at-top
-  c.sharding_rules = tuple(
-      (name, tuple(t) if isinstance(t, (list, tuple)) else t)
-      for name, t in sharding.DEFAULT_RULES)
   c.log_every_steps = 50
   c.eval_every_steps = 1000
   c.checkpoint_every_steps = 1000

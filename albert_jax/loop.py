@@ -20,12 +20,14 @@ import subprocess
 import time
 from typing import Any, Callable, Iterable
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from albert_jax import checkpoints
 from albert_jax import flops as flops_lib
 from albert_jax import metrics as metrics_lib
+from albert_jax import train_step as step_lib
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,51 @@ def mesh_and_rules(config):
         f"({config.accumulation_steps}); change --config.batch_size or "
         "--config.mesh.")
   return mesh, rules
+
+
+@dataclasses.dataclass
+class StartState:
+  """Where a run starts: its state, shardings, checkpoint manager."""
+  state: Any
+  shardings: Any
+  abstract: Any  # unboxed ShapeDtypeStructs of the state
+  mngr: Any
+  resumed: bool
+
+  @property
+  def step(self) -> int:
+    return int(jax.device_get(self.state["step"]))
+
+
+def restore_or_create(config, workdir: str, init: Callable, tx, mesh, rules,
+                      *, best_metric: str | None,
+                      on_create: Callable | None = None) -> StartState:
+  """The workdir's newest readable checkpoint, else a fresh sharded state.
+
+  Args:
+    init: rng → boxed state (`train_step.state_init_fn`).
+    best_metric: the eval metric the manager keeps the best checkpoint by.
+    on_create: (state, shardings) → state, applied to a fresh state only
+      (fine-tuning places the pre-trained weights there).
+  """
+  rng = jax.random.key(config.seed)
+  abstract_boxed = jax.eval_shape(init, rng)
+  shardings = step_lib.state_shardings(abstract_boxed, tx, mesh, rules)
+  abstract = {**abstract_boxed,
+              "params": nn.meta.unbox(abstract_boxed["params"])}
+  mngr = checkpoints.manager(workdir, keep=config.keep_checkpoints,
+                             best_metric=best_metric,
+                             async_save=config.async_checkpoints)
+  restored = checkpoints.restore_latest(mngr, abstract, shardings)
+  if restored is not None:
+    state = restored[0]
+    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
+  else:
+    state, _ = step_lib.create_state_with(init, tx, mesh, rules, rng,
+                                          compiler_options(config))
+    if on_create is not None:
+      state = on_create(state, shardings)
+  return StartState(state, shardings, abstract, mngr, restored is not None)
 
 
 class NonFiniteError(FloatingPointError):

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import checkpoints
 from albert_jax import flops as flops_lib
 from albert_jax import loop
 from albert_jax import models
@@ -90,24 +89,11 @@ def run(config, workdir: str) -> dict[str, Any]:
   ##############################################################################
   # Train state: restored from the workdir, or created sharded.
   ##############################################################################
-  rng = jax.random.key(config.seed)
-  init = step_lib.init_fn(model, tx, seq_len, num_predictions)
-  abstract_boxed = jax.eval_shape(init, rng)
-  shardings = step_lib.state_shardings(abstract_boxed, tx, mesh, rules)
-  abstract = {**abstract_boxed,
-              "params": nn.meta.unbox(abstract_boxed["params"])}
-  mngr = checkpoints.manager(
-      workdir, keep=config.keep_checkpoints, best_metric=config.best_metric,
-      async_save=config.async_checkpoints)
-  restored = checkpoints.restore_latest(mngr, abstract, shardings)
-  if restored is not None:
-    state, _ = restored
-    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
-  else:
-    state, _ = step_lib.create_state(model, tx, mesh, rules, rng, seq_len,
-                                     num_predictions,
-                                     loop.compiler_options(config))
-  start_step = int(jax.device_get(state["step"]))
+  start = loop.restore_or_create(
+      config, workdir, step_lib.init_fn(model, tx, seq_len, num_predictions),
+      tx, mesh, rules, best_metric=config.best_metric)
+  state, shardings, mngr = start.state, start.shardings, start.mngr
+  start_step = start.step
   loop.record_config(config, workdir)
 
   ##############################################################################
@@ -148,7 +134,7 @@ def run(config, workdir: str) -> dict[str, Any]:
       config, state=state, train_step=train, mngr=mngr, workdir=workdir,
       batches=train_loader.iterate(
           start_step, max(config.num_train_steps - start_step, 0)),
-      start_step=start_step, resumed=restored is not None,
+      start_step=start_step, resumed=start.resumed,
       evaluate=run_eval if eval_loader is not None else None,
       flops_per_step=flops_per_step, tokens_per_sequence=seq_len,
       param_paths=step_lib.leaf_paths(state["params"]),

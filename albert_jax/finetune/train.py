@@ -170,26 +170,15 @@ def run(config, workdir: str) -> dict[str, Any]:
   example["weights"] = np.ones(1, np.float32)
   init = step_lib.state_init_fn(
       lambda r: model.init(r, example, deterministic=True)["params"], tx)
-  rng = jax.random.key(config.seed)
-  abstract_boxed = jax.eval_shape(init, rng)
-  shardings = step_lib.state_shardings(abstract_boxed, tx, mesh, rules)
-  abstract = {**abstract_boxed,
-              "params": nn.meta.unbox(abstract_boxed["params"])}
   best_key = (task.metric if len(eval_splits) == 1
               else f"{eval_splits[0].name}/{task.metric}")
-  mngr = checkpoints.manager(workdir, keep=config.keep_checkpoints,
-                             best_metric=best_key,
-                             async_save=config.async_checkpoints)
-  restored = checkpoints.restore_latest(mngr, abstract, shardings)
-  if restored is not None:
-    state, _ = restored
-    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
-  else:
-    state, _ = step_lib.create_state_with(init, tx, mesh, rules, rng,
-                                          loop.compiler_options(config))
-    if encoder is not None:
-      state = _place_encoder(state, shardings, encoder)
-  start_step = int(jax.device_get(state["step"]))
+  start = loop.restore_or_create(
+      config, workdir, init, tx, mesh, rules, best_metric=best_key,
+      on_create=None if encoder is None else (
+          lambda st, sh: _place_encoder(st, sh, encoder)))
+  state, shardings, mngr = start.state, start.shardings, start.mngr
+  abstract = start.abstract
+  start_step = start.step
   loop.record_config(config, workdir)
 
   ##############################################################################
@@ -235,7 +224,7 @@ def run(config, workdir: str) -> dict[str, Any]:
       config, state=state, train_step=train, mngr=mngr, workdir=workdir,
       batches=train_batches.iterate(
           start_step, max(config.num_train_steps - start_step, 0)),
-      start_step=start_step, resumed=restored is not None, evaluate=evaluate,
+      start_step=start_step, resumed=start.resumed, evaluate=evaluate,
       flops_per_step=flops_per_step, tokens_per_sequence=int(
           np.prod(seq_shape)),
       param_paths=step_lib.leaf_paths(state["params"]), best_key=best_key)

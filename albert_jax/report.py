@@ -1,0 +1,412 @@
+r"""Compare pre-training runs: a markdown table and their training curves.
+
+  python -m albert_jax.report RUN_DIR... [--out=DIR]
+  python -m albert_jax.report /tmp/ablate_sharing/*/ --out=/tmp/ablate_sharing
+
+Each RUN_DIR is a pre-training workdir of `python -m albert_jax.main` (one
+trial of `python -m albert_jax.sweep`): its config.json, final_metrics.json
+and tensorboard/ event files. Writes DIR/report.md, a table of the run
+name, the config values that differ between the runs, the final eval
+metrics, the encoder's parameter count (embeddings, encoder and pooler, the
+paper's convention: ALBERT-base has 12M) and the total training FLOPs
+(`flops.training_flops_per_step` × steps trained, as ELECTRA compares
+models), and DIR/curves.png, train/loss and every eval metric against the
+step, one line per run. The table is also printed.
+
+The curves need matplotlib. The event files are read without TensorFlow:
+TFRecord framing (both CRCs checked) around `Event` protobufs whose scalars
+are `simple_value`s, which is what `metrics.Writer` writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import json
+import math
+import os
+import struct
+import sys
+from typing import Any, Iterator, Mapping, Sequence
+
+from albert_jax import flops as flops_lib
+from albert_jax import metrics as metrics_lib
+from albert_jax.model_config import ModelConfig
+
+EVENTS_GLOB = "events.out.tfevents.*"
+TABLE_FILE = "report.md"
+CURVES_FILE = "curves.png"
+# TFRecord's checksum, as the Writer computes it.
+_crc = metrics_lib._masked_crc32c  # pylint: disable=protected-access
+
+
+class ReportError(ValueError):
+  """A directory that is not a finished pre-training run, or a bad file."""
+
+
+################################################################################
+# Event files.
+################################################################################
+
+
+def read_records(path: str) -> Iterator[bytes]:
+  """The records of a TFRecord file, both CRCs checked.
+
+  A last record cut short (a run killed while writing) ends the file, as in
+  TensorBoard; a checksum that does not match is an error.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  pos = 0
+  while pos + 12 <= len(data):
+    header = data[pos:pos + 8]
+    (length,) = struct.unpack("<Q", header)
+    (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
+    if header_crc != _crc(header):
+      raise ReportError(f"{path}: corrupt record header at byte {pos}.")
+    end = pos + 12 + length
+    if end + 4 > len(data):
+      return
+    record = data[pos + 12:end]
+    (crc,) = struct.unpack("<I", data[end:end + 4])
+    if crc != _crc(record):
+      raise ReportError(f"{path}: corrupt record at byte {pos}.")
+    yield record
+    pos = end + 4
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+  value = shift = 0
+  while True:
+    if pos >= len(buf):
+      raise ReportError("Truncated varint in an event protobuf.")
+    byte = buf[pos]
+    value |= (byte & 0x7F) << shift
+    pos, shift = pos + 1, shift + 7
+    if not byte & 0x80:
+      return value, pos
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+  """(field number, wire type, value) of a serialised protobuf message."""
+  pos = 0
+  while pos < len(buf):
+    key, pos = _varint(buf, pos)
+    number, wire = key >> 3, key & 7
+    if wire == 0:
+      value, pos = _varint(buf, pos)
+    elif wire in (1, 5):
+      size = 8 if wire == 1 else 4
+      value, pos = buf[pos:pos + size], pos + size
+    elif wire == 2:
+      size, pos = _varint(buf, pos)
+      value, pos = buf[pos:pos + size], pos + size
+    else:
+      raise ReportError(f"Unsupported protobuf wire type {wire}.")
+    if pos > len(buf):
+      raise ReportError("Truncated field in an event protobuf.")
+    yield number, wire, value
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  """One `tensorflow.Event`: its step, time and scalar summaries."""
+  step: int
+  wall_time: float
+  scalars: dict[str, float]
+  file_version: str = ""
+
+
+def parse_event(data: bytes) -> Event:
+  """Decodes a serialised Event; values other than simple_value are skipped."""
+  step, wall_time, version, scalars = 0, 0.0, "", {}
+  for number, _, value in _fields(data):
+    if number == 1:
+      (wall_time,) = struct.unpack("<d", value)
+    elif number == 2:
+      step = value - (1 << 64) if value >= 1 << 63 else value
+    elif number == 3:
+      version = value.decode()
+    elif number == 5:  # Summary: repeated Value (tag = 1, simple_value = 2)
+      for v_number, _, v in _fields(value):
+        if v_number != 1:
+          continue
+        parts = {n: x for n, _, x in _fields(v)}
+        if 1 in parts and 2 in parts:
+          scalars[parts[1].decode()] = struct.unpack("<f", parts[2])[0]
+  return Event(step, wall_time, scalars, version)
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+  """tag → [(step, value)] sorted by step, over every event file in `logdir`.
+
+  Files are read oldest first (their names start with the creation time),
+  so a step logged again after a resume takes its latest value.
+  """
+  def created(path):
+    stamp = os.path.basename(path).split(".")[3]
+    return (int(stamp) if stamp.isdigit() else 0, path)
+  paths = sorted(glob.glob(os.path.join(logdir, EVENTS_GLOB)), key=created)
+  series: dict[str, dict[int, float]] = {}
+  for path in paths:
+    for record in read_records(path):
+      event = parse_event(record)
+      for tag, value in event.scalars.items():
+        series.setdefault(tag, {})[event.step] = value
+  return {tag: sorted(points.items()) for tag, points in series.items()}
+
+
+################################################################################
+# Runs.
+################################################################################
+
+
+@dataclasses.dataclass
+class Run:
+  """A finished pre-training run, as read from its workdir.
+
+  Attributes:
+    name: how the report names it (the directory's name).
+    path: the workdir.
+    config: config.json, nested.
+    final: final_metrics.json.
+    scalars: the TensorBoard scalars, tag → [(step, value)].
+  """
+  name: str
+  path: str
+  config: dict[str, Any]
+  final: dict[str, Any]
+  scalars: dict[str, list[tuple[int, float]]]
+
+
+def _read_json(path: str, what: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ReportError(f"{path} is not valid JSON ({e}); {what}") from None
+  if not isinstance(value, dict):
+    raise ReportError(f"{path} holds no JSON object; {what}")
+  return value
+
+
+def load_run(path: str) -> Run:
+  """Reads a pre-training workdir; a clear error names what is missing."""
+  path = os.path.normpath(path)
+  if not os.path.isdir(path):
+    raise ReportError(f"{path} is not a directory; give the workdirs of "
+                      "pre-training runs (e.g. a sweep's WORKDIR_ROOT/*/).")
+  not_run = (f"{path} is not a finished pre-training run (a workdir of "
+             "python -m albert_jax.main)")
+  config_path = os.path.join(path, "config.json")
+  if not os.path.exists(config_path):
+    raise ReportError(f"{not_run}: it has no config.json.")
+  config = _read_json(config_path, "the trainer writes it when it starts.")
+  if config.get("job", "pretrain") != "pretrain":
+    raise ReportError(f"{path} is a {config['job']} run; the report compares "
+                      "pre-training runs.")
+  metrics_path = os.path.join(path, "final_metrics.json")
+  if not os.path.exists(metrics_path):
+    raise ReportError(
+        f"{not_run}: it has no final_metrics.json, which the trainer writes "
+        "when training ends; rerun the same command to finish it.")
+  final = _read_json(metrics_path, "the trainer writes it when training ends.")
+  logdir = os.path.join(path, "tensorboard")
+  if not glob.glob(os.path.join(logdir, EVENTS_GLOB)):
+    raise ReportError(f"{not_run}: it has no {logdir}/{EVENTS_GLOB}.")
+  return Run(os.path.basename(path), path, config, final,
+             read_scalars(logdir))
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"model.share": "all", ...}: a nested config with dotted keys."""
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, Mapping):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = value
+  return flat
+
+
+def varied_keys(runs: Sequence[Run]) -> list[str]:
+  """Dotted config keys whose values are not the same in every run."""
+  flats = [flatten(r.config) for r in runs]
+  keys = list(dict.fromkeys(k for f in flats for k in f))
+  return [k for k in keys
+          if len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
+
+
+def model_config(run: Run) -> ModelConfig:
+  """The run's `ModelConfig`."""
+  try:
+    return ModelConfig.from_dict(run.config["model"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise ReportError(f"{run.path}/config.json: no valid model section "
+                      f"({e}).") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _encoder_params(cfg: ModelConfig) -> int:
+  # Traces the model's shapes (a second or so): runs of one sweep often
+  # share a model, so each is counted once.
+  from albert_jax import summary  # pylint: disable=g-import-not-at-top
+  rows = summary.summarize(cfg)
+  return next(r.params for r in rows if r.name == summary.ENCODER_TOTAL)
+
+
+def parameter_count(run: Run) -> int:
+  """Encoder parameters: embeddings, encoder and pooler, without heads."""
+  return _encoder_params(model_config(run))
+
+
+def steps_trained(run: Run) -> int:
+  """The final step of the run (the configured steps if none is recorded)."""
+  return int(run.final.get("step", run.config["num_train_steps"]))
+
+
+def training_flops(run: Run) -> int:
+  """Analytic FLOPs of the whole run, counted as the trainer counts MFU."""
+  from albert_jax import train  # pylint: disable=g-import-not-at-top
+  config = run.config
+  try:
+    per_step = flops_lib.training_flops_per_step(
+        model_config(run), config["batch_size"],
+        config["data"]["max_seq_length"], config["masking"]["max_predictions"],
+        heads=train.heads_for(config["data"]["objective"]))
+  except KeyError as e:
+    raise ReportError(f"{run.path}/config.json lacks {e}; is it a "
+                      "pre-training config?") from None
+  return per_step * steps_trained(run)
+
+
+################################################################################
+# The table and the curves.
+################################################################################
+
+
+def _cell(value: Any) -> str:
+  if value is None:
+    return ""
+  if isinstance(value, bool):
+    text = str(value).lower()
+  elif isinstance(value, float):
+    text = f"{value:.4g}"
+  elif isinstance(value, (list, dict)):
+    text = json.dumps(value)
+  else:
+    text = str(value)
+  return text.replace("|", r"\|")
+
+
+def eval_metric_names(runs: Sequence[Run]) -> list[str]:
+  """The numeric eval_* keys of final_metrics.json, first-seen order."""
+  return list(dict.fromkeys(
+      k for r in runs for k, v in r.final.items()
+      if k.startswith("eval_") and isinstance(v, (int, float))
+      and not isinstance(v, bool)))
+
+
+def report_table(runs: Sequence[Run]) -> str:
+  """Markdown: run, varied config values, step, eval metrics, params, FLOPs.
+
+  Parameters print with thousands separators, FLOPs as `1.234e+15`, other
+  numbers with 4 significant digits; a metric a run lacks is left empty.
+  """
+  varied, names = varied_keys(runs), eval_metric_names(runs)
+  rows = [["run", *varied, "step", *names, "params", "train FLOPs"]]
+  for run in runs:
+    flat = flatten(run.config)
+    rows.append([
+        _cell(run.name), *(_cell(flat.get(k)) for k in varied),
+        str(steps_trained(run)), *(_cell(run.final.get(k)) for k in names),
+        f"{parameter_count(run):,}", f"{training_flops(run):.3e}"])
+  lines = ["| " + " | ".join(r) + " |" for r in rows]
+  lines.insert(1, "|" + "---|" * len(rows[0]))
+  return "\n".join(lines)
+
+
+def curve_tags(runs: Sequence[Run]) -> list[str]:
+  """train/loss, then every eval tag but the fixed baselines, sorted."""
+  tags = {t for r in runs for t in r.scalars}
+  evals = sorted(t for t in tags if t.startswith("eval/")
+                 and not t.endswith("baseline_accuracy"))
+  return [t for t in ("train/loss",) if t in tags] + evals
+
+
+def plot_curves(runs: Sequence[Run], path: str) -> None:
+  """Writes a PNG: one panel per `curve_tags` tag, one line per run."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ReportError("The training curves need matplotlib: pip install "
+                      "matplotlib.") from None
+  matplotlib.use("Agg")  # files only: no display needed
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  tags = curve_tags(runs)
+  if not tags:
+    raise ReportError("No train/loss or eval/* scalars in any run's "
+                      "tensorboard/ directory; nothing to plot.")
+  cols = min(3, len(tags))
+  rows = math.ceil(len(tags) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows),
+                           squeeze=False)
+  for ax, tag in zip(axes.flat, tags):
+    for run in runs:
+      points = run.scalars.get(tag)
+      if points:
+        steps, values = zip(*points)
+        ax.plot(steps, values, marker="o" if tag.startswith("eval/") else None,
+                markersize=3, label=run.name)
+    ax.set_title(tag)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(tags):]:
+    ax.set_visible(False)
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", fontsize="small",
+             ncol=max(1, min(len(labels), 2)), bbox_to_anchor=(0.5, 0.0))
+  fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 2), 1, 1))
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def _unique_names(runs: list[Run]) -> None:
+  """Runs from different sweeps may share a directory name: use paths then."""
+  if len({r.name for r in runs}) < len(runs):
+    for run in runs:
+      run.name = run.path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m albert_jax.report",
+                              description=__doc__.split("\n")[0])
+  p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                 help="Pre-training workdirs, e.g. WORKDIR_ROOT/*/.")
+  p.add_argument("--out", default=".", help=f"Where {TABLE_FILE} and "
+                 f"{CURVES_FILE} are written (default: here).")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    runs = [load_run(d) for d in args.run_dirs]
+    _unique_names(runs)
+    table = report_table(runs)
+    os.makedirs(args.out, exist_ok=True)
+    curves = os.path.join(args.out, CURVES_FILE)
+    plot_curves(runs, curves)
+  except ReportError as e:
+    print(f"report: {e}", file=sys.stderr)
+    return 2
+  with open(os.path.join(args.out, TABLE_FILE), "w", encoding="utf-8") as f:
+    f.write(f"# Pre-training runs\n\n{table}\n\n![training curves]"
+            f"({CURVES_FILE})\n")
+  print(table)
+  print(f"\nWrote {os.path.join(args.out, TABLE_FILE)} and {curves}.")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,36 @@
+r"""Dropout on and off, the ALBERT paper's Section 4.8 (Table 8, Figure 2b).
+
+Two trials: hidden and attention-probability dropout both 0.1 (BERT's and
+ALBERT v1's setting), then both 0 (ALBERT v2's). The paper found that
+removing dropout raised MLM accuracy of its largest model, which had not
+begun to overfit after 1M steps.
+
+Demo scale (CPU, bundled corpus, minutes a trial):
+
+  python -m albert_jax.sweep experiments/ablate_dropout.py \
+      --workdir_root=/tmp/ablate_dropout
+  python -m albert_jax.report /tmp/ablate_dropout/*/ --out=/tmp/ablate_dropout
+
+Paper scale (ALBERT-xxlarge, as in the paper; give your corpus after `--`):
+
+  python -m albert_jax.sweep experiments/ablate_dropout.py \
+      --config=configs/albert_xxlarge.py --workdir_root=gs://BUCKET/dropout \
+      -- --config.data.corpus=gs://BUCKET/corpus
+
+Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
+"""
+
+from albert_jax import config_lib
+from albert_jax import sweep
+
+CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
+QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,
+         "config.eval_every_steps": 10}
+
+
+def get_sweep(arg=None):
+  args = config_lib.parse_arg(arg, quick=False)
+  return sweep.product(
+      sweep.zip_({"config.model.hidden_dropout_prob": [0.1, 0.0],
+                  "config.model.attention_probs_dropout_prob": [0.1, 0.0]}),
+      sweep.fixed(QUICK if args.quick else {}))

@@ -1,0 +1,37 @@
+r"""Cross-layer parameter sharing, the ALBERT paper's Table 4.
+
+One trial per `model.share`: "all" (ALBERT), "attention" (attention shared,
+FFN per layer), "ffn" (the reverse) and "none" (BERT-style, every layer its
+own parameters). Sharing saves parameters, never compute: every trial does
+the same training FLOPs, which `python -m albert_jax.report` shows beside
+the parameter counts.
+
+Demo scale (CPU, bundled corpus, minutes a trial):
+
+  python -m albert_jax.sweep experiments/ablate_sharing.py \
+      --workdir_root=/tmp/ablate_sharing
+  python -m albert_jax.report /tmp/ablate_sharing/*/ --out=/tmp/ablate_sharing
+
+Paper scale (ALBERT-base, E=128: the lower half of Table 4; give your corpus
+after `--`):
+
+  python -m albert_jax.sweep experiments/ablate_sharing.py \
+      --config=configs/albert_base.py --workdir_root=gs://BUCKET/sharing \
+      -- --config.data.corpus=gs://BUCKET/corpus
+
+Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
+"""
+
+from albert_jax import config_lib
+from albert_jax import sweep
+
+CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
+QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,
+         "config.eval_every_steps": 10}
+
+
+def get_sweep(arg=None):
+  args = config_lib.parse_arg(arg, quick=False)
+  return sweep.product(
+      sweep.axis("config.model.share", ["all", "attention", "ffn", "none"]),
+      sweep.fixed(QUICK if args.quick else {}))
