@@ -342,7 +342,7 @@ def plot_curves(runs: Sequence[Run], path: str) -> None:
     import matplotlib  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise ReportError("The training curves need matplotlib: pip install "
-                      "matplotlib.") from None
+                      "-e '.[report]' (or pip install matplotlib).") from None
   matplotlib.use("Agg")  # files only: no display needed
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
