@@ -239,7 +239,9 @@ def make_train_step(objective, tx: optax.GradientTransformation,
       # Back to the parameters' dtype, as a single step's gradients are.
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
 
-    bad_leaves = nonfinite_leaves(grads)
+    # The barrier keeps XLA from copying the whole finiteness check into each
+    # parameter's and optimizer slot's update (it halves the step's HLO).
+    bad_leaves = jax.lax.optimization_barrier(nonfinite_leaves(grads))
     ok = jnp.isfinite(loss) & ~jnp.any(bad_leaves)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
