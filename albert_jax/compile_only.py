@@ -43,8 +43,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from albert_jax import models
 from albert_jax import optim
+from albert_jax import pretraining
 from albert_jax import sharding as sharding_lib
 from albert_jax import train_step as step_lib
 from albert_jax.model_config import ModelConfig
@@ -93,25 +93,11 @@ def parse_mesh(mesh: Any) -> tuple[tuple[str, int], ...]:
   return tuple((str(name), int(size)) for name, size in mesh)
 
 
-def heads_for(objective: str) -> tuple[str, ...]:
-  return ("mlm", "sop") if objective in ("sop", "nsp") else ("mlm",)
-
-
-def abstract_batch(batch_size: int, seq_len: int, num_predictions: int,
-                   sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The loader's batch (see data/loader.py) as sharded abstract arrays."""
-  def spec(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-  b, t, p = batch_size, seq_len, num_predictions
-  return {
-      "input_ids": spec((b, t), jnp.int32),
-      "token_type_ids": spec((b, t), jnp.int32),
-      "attention_mask": spec((b, t), jnp.int32),
-      "masked_positions": spec((b, p), jnp.int32),
-      "masked_ids": spec((b, p), jnp.int32),
-      "masked_weights": spec((b, p), jnp.float32),
-      "sentence_labels": spec((b,), jnp.int32),
-  }
+def abstract_batch(shapes: dict[str, tuple[tuple[int, ...], Any]], sharding
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+  """A `pretraining.Setup.batch_shapes` as sharded abstract arrays."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+          for k, (shape, dtype) in shapes.items()}
 
 
 def bytes_per_device(tree) -> int:
@@ -173,12 +159,10 @@ def compile_train_step(config, *, fast: bool = True,
         and model_values[key] == "bfloat16"):
       model_values[key] = BF16_STAND_IN
       stand_in = True
-  model_config = ModelConfig.from_dict(model_values)
-  model = models.Albert(model_config, heads=heads_for(config.data.objective))
+  run_setup = pretraining.setup(config, ModelConfig.from_dict(model_values))
   tx, schedule = optim.make(config)
-  seq, preds = config.data.max_seq_length, config.masking.max_predictions
   start = time.perf_counter()
-  init = step_lib.init_fn(model, tx, seq, preds)
+  init = step_lib.state_init_fn(run_setup.init_params, tx)
   abstract_boxed = jax.eval_shape(init, jax.random.key(0))
   shardings = step_lib.state_shardings(abstract_boxed, tx, mesh, rules)
   abstract = {**abstract_boxed,
@@ -186,8 +170,9 @@ def compile_train_step(config, *, fast: bool = True,
   state = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       abstract, shardings)
-  batch = abstract_batch(b, seq, preds, sharding_lib.data_sharding(mesh))
-  step = step_lib.make_train_step(model, tx, schedule, acc)
+  batch = abstract_batch(run_setup.batch_shapes,
+                         sharding_lib.data_sharding(mesh))
+  step = step_lib.make_train_step(run_setup.objective, tx, schedule, acc)
   jitted = step_lib.jit_train_step(step, shardings, mesh, rules).jitted
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     lowered = jitted.lower(state, batch)

@@ -173,6 +173,8 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   c = ml_collections.ConfigDict()
   c.model = model
   c.seed = 0
+  # masked_lm (ALBERT, BERT, RoBERTa); see albert_jax/pretraining.py.
+  c.pretraining = "masked_lm"
 
   # Text → instances. An empty tokenizer/data_dir means: build it in the
   # workdir from `corpus` (trained / prepared once, reused on resume).

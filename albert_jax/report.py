@@ -31,7 +31,6 @@ import struct
 import sys
 from typing import Any, Iterator, Mapping, Sequence
 
-from albert_jax import flops as flops_lib
 from albert_jax import metrics as metrics_lib
 from albert_jax.model_config import ModelConfig
 
@@ -269,14 +268,13 @@ def steps_trained(run: Run) -> int:
 
 def training_flops(run: Run) -> int:
   """Analytic FLOPs of the whole run, counted as the trainer counts MFU."""
-  from albert_jax import train  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from albert_jax import pretraining  # pylint: disable=g-import-not-at-top
   config = run.config
   try:
-    per_step = flops_lib.training_flops_per_step(
-        model_config(run), config["batch_size"],
-        config["data"]["max_seq_length"], config["masking"]["max_predictions"],
-        heads=train.heads_for(config["data"]["objective"]))
-  except KeyError as e:
+    per_step = pretraining.setup(ml_collections.ConfigDict(config),
+                                 model_config(run)).flops_per_step
+  except (KeyError, AttributeError) as e:
     raise ReportError(f"{run.path}/config.json lacks {e}; is it a "
                       "pre-training config?") from None
   return per_step * steps_trained(run)

@@ -17,27 +17,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import flops as flops_lib
 from albert_jax import loop
-from albert_jax import models
 from albert_jax import objectives
 from albert_jax import optim
+from albert_jax import pretraining
 from albert_jax import sharding as sharding_lib
 from albert_jax import train_step as step_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
-from albert_jax.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 
 def heads_for(objective: str) -> tuple[str, ...]:
-  return ("mlm", "sop") if objective in ("sop", "nsp") else ("mlm",)
+  """Masked-LM heads for `config.data.objective` (see `pretraining`)."""
+  return pretraining.sentence_heads(objective)
 
 
 def evaluate(eval_step, params, eval_loader, num_batches: int,
-             baseline_id: int | None = None) -> dict[str, float]:
-  """Eval metrics over `num_batches` fixed batches of the eval split."""
+             baseline_id: int | None = None,
+             metrics_from_sums=objectives.metrics_from_sums
+             ) -> dict[str, float]:
+  """Eval metrics over `num_batches` fixed batches of the eval split.
+
+  `metrics_from_sums` is the objective's `metrics` (default: masked LM).
+  """
   total = None
   hits = seen = 0.0
   for step in range(num_batches):
@@ -49,7 +53,7 @@ def evaluate(eval_step, params, eval_loader, num_batches: int,
       w = local["masked_weights"] > 0
       hits += float(np.sum((local["masked_ids"] == baseline_id) & w))
       seen += float(np.sum(w))
-  out = {k: float(v) for k, v in objectives.metrics_from_sums(
+  out = {k: float(v) for k, v in metrics_from_sums(
       jax.tree.map(jnp.asarray, total)).items()}
   if baseline_id is not None:
     out["unigram_baseline_accuracy"] = hits / max(seen, 1.0)
@@ -79,18 +83,16 @@ def run(config, workdir: str) -> dict[str, Any]:
   ##############################################################################
   # Mesh, model and optimizer.
   ##############################################################################
-  model_config = ModelConfig.from_dict(config.model)
-  heads = heads_for(config.data.objective)
-  model = models.Albert(model_config, heads=heads)
+  run_setup = pretraining.setup(config)
+  objective = run_setup.objective
   tx, schedule = optim.make(config)
   seq_len = config.data.max_seq_length
-  num_predictions = config.masking.max_predictions
 
   ##############################################################################
   # Train state: restored from the workdir, or created sharded.
   ##############################################################################
   start = loop.restore_or_create(
-      config, workdir, step_lib.init_fn(model, tx, seq_len, num_predictions),
+      config, workdir, step_lib.state_init_fn(run_setup.init_params, tx),
       tx, mesh, rules, best_metric=config.best_metric)
   state, shardings, mngr = start.state, start.shardings, start.mngr
   start_step = start.step
@@ -101,15 +103,17 @@ def run(config, workdir: str) -> dict[str, Any]:
   ##############################################################################
   data_sharding = sharding_lib.data_sharding(mesh)
   train_loader = pipeline.make_loader(config, data_dir, "train", vocab,
-                                      data_sharding)
+                                      data_sharding, masked=run_setup.masked)
   eval_loader = None
   if pipeline.has_split(data_dir, "eval") and config.eval_batches > 0:
     eval_loader = pipeline.make_loader(config, data_dir, "eval", vocab,
-                                       data_sharding, seed=config.seed + 1)
+                                       data_sharding, seed=config.seed + 1,
+                                       masked=run_setup.masked)
   train = step_lib.jit_train_step(
-      step_lib.make_train_step(model, tx, schedule, config.accumulation_steps),
+      step_lib.make_train_step(objective, tx, schedule,
+                               config.accumulation_steps),
       shardings, mesh, rules, loop.compiler_options(config))
-  eval_jit = jax.jit(step_lib.make_eval_step(model),
+  eval_jit = jax.jit(step_lib.make_eval_step(objective),
                      in_shardings=(shardings["params"], data_sharding),
                      compiler_options=loop.compiler_options(config))
 
@@ -117,15 +121,14 @@ def run(config, workdir: str) -> dict[str, Any]:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       return eval_jit(params, batch)
 
-  flops_per_step = flops_lib.training_flops_per_step(
-      model_config, config.batch_size, seq_len, num_predictions,
-      heads=heads)
-  baseline_id = (most_frequent_target(train_loader) if eval_loader else None)
+  baseline_id = None
+  if eval_loader is not None and run_setup.unigram_baseline:
+    baseline_id = most_frequent_target(train_loader)
 
   def run_eval(st, step):
     del step
     return evaluate(eval_step, st["params"], eval_loader, config.eval_batches,
-                    baseline_id)
+                    baseline_id, objective.metrics)
 
   ##############################################################################
   # Train loop.
@@ -136,7 +139,7 @@ def run(config, workdir: str) -> dict[str, Any]:
           start_step, max(config.num_train_steps - start_step, 0)),
       start_step=start_step, resumed=start.resumed,
       evaluate=run_eval if eval_loader is not None else None,
-      flops_per_step=flops_per_step, tokens_per_sequence=seq_len,
+      flops_per_step=run_setup.flops_per_step, tokens_per_sequence=seq_len,
       param_paths=step_lib.leaf_paths(state["params"]),
       best_key=config.best_metric)
   if out.preempted_at is not None:

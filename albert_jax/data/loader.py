@@ -112,7 +112,8 @@ class Loader:
     global_batch_size: rows per step across all hosts.
     vocab: the tokenizer's `Vocabulary`.
     seed: shuffle and masking seed.
-    masking_config: MLM recipe.
+    masking_config: MLM recipe; None gives unmasked batches (causal LM),
+      whose `masked_*` arrays have no columns ([b, 0]).
     dynamic_masking: fresh masks every epoch (RoBERTa) instead of one fixed
       mask per instance (static, as materialised data would have).
     process_index, process_count: this host's place (default: jax's).
@@ -123,7 +124,8 @@ class Loader:
 
   def __init__(self, data_dir: str, split: str = "train", *,
                global_batch_size: int, vocab: Vocabulary, seed: int = 0,
-               masking_config: masking.MaskingConfig = masking.MaskingConfig(),
+               masking_config: masking.MaskingConfig | None = (
+                   masking.MaskingConfig()),
                dynamic_masking: bool = True, process_index: int | None = None,
                process_count: int | None = None, sharding=None,
                prefetch: int = 2):
@@ -196,8 +198,9 @@ class Loader:
     """This host's rows of global step `step` as NumPy arrays.
 
     Returns dict: input_ids, token_type_ids, attention_mask [b, T] int32;
-    masked_positions, masked_ids [b, P] int32, masked_weights [b, P] float32;
-    sentence_labels [b] int32 (-1 where the objective has none).
+    masked_positions, masked_ids [b, P] int32, masked_weights [b, P] float32
+    (P = 0 without a masking config); sentence_labels [b] int32 (-1 where
+    the objective has none).
     """
     if step < 0:
       raise ValueError(f"step must be >= 0, got {step}.")
@@ -218,6 +221,12 @@ class Loader:
       types[row, :n] = instance.token_type_ids
       attention[row, :n] = 1
       labels[row] = instance.label
+    if self.masking_config is None:
+      none = np.zeros((b, 0), np.int32)
+      return {"input_ids": ids, "token_type_ids": types,
+              "attention_mask": attention, "masked_positions": none,
+              "masked_ids": none, "masked_weights": none.astype(np.float32),
+              "sentence_labels": labels}
     # The masking key depends on the record (and the epoch when dynamic),
     # never on the batch: static masking gives a record one mask forever,
     # and any step can be recomputed on its own.

@@ -179,11 +179,14 @@ def masking_config(config) -> masking_lib.MaskingConfig:
 
 
 def make_loader(config, data_dir: str, split: str, vocab, sharding,
-                global_batch_size: int | None = None, seed: int | None = None):
+                global_batch_size: int | None = None, seed: int | None = None,
+                masked: bool = True):
+  """The config's loader; `masked=False` for objectives that read the
+  unmasked token stream (causal LM)."""
   return loader_lib.Loader(
       data_dir, split, global_batch_size=global_batch_size or config.batch_size,
       vocab=vocab, seed=config.seed if seed is None else seed,
-      masking_config=masking_config(config),
+      masking_config=masking_config(config) if masked else None,
       dynamic_masking=config.data.dynamic_masking, sharding=sharding,
       prefetch=config.data.prefetch)
 
