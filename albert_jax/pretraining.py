@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,14 @@ class Setup:
 def sentence_heads(data_objective: str) -> tuple[str, ...]:
   """Pre-training heads for `config.data.objective` (sop / nsp / none)."""
   return ("mlm", "sop") if data_objective in ("sop", "nsp") else ("mlm",)
+
+
+def checkpoint_heads(config: Mapping[str, Any]) -> tuple[str, ...]:
+  """The heads of the `models.Albert` whose parameters a run's checkpoints
+  hold, from the run's recorded config (the JSON dict in WORKDIR/config.json).
+  """
+  data = config.get("data") or {}
+  return sentence_heads(data.get("objective", "sop"))
 
 
 def masked_batch_shapes(batch: int, seq_len: int, num_predictions: int

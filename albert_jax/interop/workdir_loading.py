@@ -78,8 +78,9 @@ def load(path: str, config: Mapping[str, Any], step: int | None,
     raise CheckpointError(
         f"{path}/config.json: the model section{note} is not a valid "
         f"ModelConfig: {e}") from e
+  from albert_jax import pretraining  # pylint: disable=g-import-not-at-top
   objective = (config.get("data") or {}).get("objective", "sop")
-  heads = ("mlm", "sop") if objective in ("sop", "nsp") else ("mlm",)
+  heads = pretraining.checkpoint_heads(config)
   _, abstract = layout.abstract_params(cfg, True, heads)
   try:
     params, restored_step = checkpoints.restore_params(path, abstract,
