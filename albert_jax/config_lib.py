@@ -177,9 +177,12 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   c.pretraining = "masked_lm"
 
   # Text → instances. An empty tokenizer/data_dir means: build it in the
-  # workdir from `corpus` (trained / prepared once, reused on resume).
+  # workdir from `corpus` (trained / prepared once, reused on resume);
+  # tokenizer_type says what to train: "sentencepiece" (ALBERT's unigram
+  # model) or "bpe" (RoBERTa's byte-level BPE).
   c.data = ml_collections.ConfigDict(dict(
       corpus=BUNDLED_CORPUS, format="sentences", tokenizer="",
+      tokenizer_type="sentencepiece",
       data_dir="", max_seq_length=max_seq_length, objective=objective,
       short_seq_prob=0.1, dupe_factor=1, nsp_negatives_in_sop=False,
       eval_fraction=0.01, num_workers=1, prefetch=2, dynamic_masking=True))

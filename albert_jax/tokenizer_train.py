@@ -1,16 +1,19 @@
-"""Training an ALBERT SentencePiece vocabulary, and its command line.
+"""Training a tokenizer vocabulary, and its command line.
 
-The vocabulary is built the way ALBERT's README did (unigram, <pad>=0,
-<unk>=1, [CLS]=2, [SEP]=3, [MASK]=4, no bos/eos, character coverage 0.99995)
-from corpora in the official pre-training format: UTF-8, one sentence a line,
-a blank line between documents, `.gz` allowed. Sentences get the same
-preprocessing as `Tokenizer.encode`, so training and encoding agree.
+A SentencePiece vocabulary is built the way ALBERT's README did (unigram,
+<pad>=0, <unk>=1, [CLS]=2, [SEP]=3, [MASK]=4, no bos/eos, character coverage
+0.99995); a byte-level BPE as RoBERTa's (`albert_jax.bpe.train`). Corpora are
+in the official pre-training format: UTF-8, one sentence a line, a blank line
+between documents, `.gz` allowed. Sentences get the same preprocessing as
+`Tokenizer.encode`, so training and encoding agree.
 
 `Tokenizer.train` is the usual entry point; this module holds the corpus
-reading and the trainer call.
+reading and the SentencePiece trainer call.
 
 CLI: python -m albert_jax.tokenizer train --input 'corpus/*.txt.gz' \
        --vocab_size 30000 --output spiece.model
+     python -m albert_jax.tokenizer train --type bpe --input 'corpus/*.gz' \
+       --vocab_size 50265 --output roberta_bpe/
 """
 
 import argparse
@@ -21,12 +24,12 @@ import random
 import sys
 import time
 import warnings
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import sentencepiece as spm
 
-from albert_jax.tokenizer import (ALBERT_USER_SYMBOLS, CONTROL_SYMBOLS,
-                                  preprocess_text)
+from albert_jax.spm_text import (ALBERT_USER_SYMBOLS, CONTROL_SYMBOLS,
+                                 preprocess_text)
 
 MAX_LINE_BYTES = 1 << 20
 
@@ -64,8 +67,14 @@ def _read_lines(paths: Sequence[str], stats: dict) -> Iterator[bytes]:
         yield line
 
 
-def iter_sentences(paths: Sequence[str], stats: dict, **norm) -> Iterator[str]:
-  """Yields preprocessed non-empty sentences; fills `stats` counters."""
+def iter_sentences(paths: Sequence[str], stats: dict,
+                   normalize: Optional[Callable[[str], str]] = None,
+                   **norm) -> Iterator[str]:
+  """Yields preprocessed non-empty sentences; fills `stats` counters.
+
+  `normalize` (text → text) replaces ALBERT's `preprocess_text`, which
+  otherwise runs with the keyword flags `norm`.
+  """
   for raw in _read_lines(paths, stats):
     stats["lines"] += 1
     try:
@@ -73,15 +82,43 @@ def iter_sentences(paths: Sequence[str], stats: dict, **norm) -> Iterator[str]:
     except UnicodeDecodeError:
       stats["non_utf8"] += 1
       continue
-    line = preprocess_text(line, **norm)
+    line = normalize(line) if normalize else preprocess_text(line, **norm)
     if line:
       stats["sentences"] += 1
       yield line
 
 
-def _names(paths: Sequence[str]) -> str:
+def describe(paths: Sequence[str]) -> str:
+  """The first few of `paths`, for messages."""
   more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
   return ", ".join(paths[:3]) + more
+
+
+_SKIPS = (("non_utf8", "were not valid UTF-8"),
+          ("too_long", f"exceeded {MAX_LINE_BYTES} bytes"))
+
+
+def check_corpus(stats: dict, paths: Sequence[str]) -> None:
+  """After reading: one warning per kind of skipped line, and an error if
+  no sentence was usable.
+
+  Raises:
+    ValueError: no usable sentence; says how many lines were skipped, and
+      why.
+  """
+  total = stats["lines"] + stats["too_long"]
+  for key, what in _SKIPS:
+    if stats[key]:
+      # stacklevel 4: the warning points at the caller of Tokenizer.train.
+      warnings.warn(f"Skipped {stats[key]} of {total} lines that {what} in "
+                    f"{describe(paths)}.", stacklevel=4)
+  if not stats["sentences"]:
+    skipped = "; ".join(f"{stats[k]} of its {total} lines {what}"
+                        for k, what in _SKIPS if stats[k])
+    raise ValueError(
+        f"No usable sentences in the training corpus {describe(paths)}"
+        + (f" ({skipped})" if skipped else "") + ". Give UTF-8 text with a "
+        "sentence per line.")
 
 
 def reservoir_sample(items: Iterable[str], k: int, seed: int) -> list:
@@ -136,16 +173,7 @@ def train_sentencepiece(
   norm = dict(do_lower_case=do_lower_case, keep_accents=keep_accents)
   sample = reservoir_sample(iter_sentences(paths, stats, **norm),
                             input_sentence_size, seed)
-  for key, what in (("non_utf8", "were not valid UTF-8"),
-                    ("too_long", f"exceeded {MAX_LINE_BYTES} bytes")):
-    if stats[key]:
-      total = stats["lines"] + stats["too_long"]
-      # stacklevel 3: the warning points at the caller of Tokenizer.train.
-      warnings.warn(f"Skipped {stats[key]} of {total} lines that {what} in "
-                    f"{_names(paths)}.", stacklevel=3)
-  if not sample:
-    raise ValueError(f"No usable sentences in the training corpus "
-                     f"{_names(paths)}.")
+  check_corpus(stats, paths)
   stats["sampled"] = len(sample)
   output = os.fspath(output)
   prefix = output[:-len(".model")] if output.endswith(".model") else output
@@ -165,35 +193,69 @@ def train_sentencepiece(
   return prefix + ".model", stats
 
 
+# Flags of one kind of vocabulary only; None = not given.
+_SPM_ONLY = ("user_symbols", "byte_fallback", "cased", "keep_accents")
+_BPE_ONLY = ("min_frequency",)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI entry point: `train` a SentencePiece model."""
+  """CLI entry point: `train` a SentencePiece model or a byte-level BPE."""
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog="python -m albert_jax.tokenizer")
   sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("train", help="train an ALBERT SentencePiece model")
+  p = sub.add_parser("train", help="train an ALBERT SentencePiece model or a "
+                     "RoBERTa byte-level BPE")
+  p.add_argument("--type", default="sentencepiece",
+                 choices=("sentencepiece", "bpe"))
   p.add_argument("--input", required=True, nargs="+",
                  help="corpus files or globs (quote them)")
-  p.add_argument("--vocab_size", type=int, default=30000)
-  p.add_argument("--output", default="spiece.model", help="PATH.model")
-  p.add_argument("--user_symbols", default="",
-                 help="comma-separated; 'albert' for the README set")
-  p.add_argument("--byte_fallback", action="store_true")
-  p.add_argument("--input_sentence_size", type=int, default=10_000_000)
+  p.add_argument("--vocab_size", type=int, default=None,
+                 help="default 30000 (sentencepiece), 50265 (bpe)")
+  p.add_argument("--output", default=None,
+                 help="PATH.model (sentencepiece, default spiece.model) or a "
+                 "directory (bpe, default bpe)")
+  p.add_argument("--input_sentence_size", type=int, default=None,
+                 help="sentences sampled; <=0: all (default 10M for "
+                 "sentencepiece, all for bpe)")
   p.add_argument("--seed", type=int, default=12345)
-  p.add_argument("--num_threads", type=int, default=os.cpu_count() or 1)
-  p.add_argument("--cased", action="store_true", help="no lower-casing")
-  p.add_argument("--keep_accents", action="store_true")
   p.add_argument("--verbose", action="store_true")
+  p.add_argument("--num_threads", type=int, default=os.cpu_count() or 1,
+                 help="SentencePiece trainer threads (BPE: the tokenizers "
+                 "library's pool, RAYON_NUM_THREADS)")
+  p.add_argument("--user_symbols", default=None,
+                 help="sentencepiece: comma-separated; 'albert' for the "
+                 "README set")
+  p.add_argument("--byte_fallback", action="store_const", const=True)
+  p.add_argument("--cased", action="store_const", const=True,
+                 help="sentencepiece: no lower-casing")
+  p.add_argument("--keep_accents", action="store_const", const=True)
+  p.add_argument("--min_frequency", type=int, default=None,
+                 help="bpe: the fewest occurrences a merged pair needs "
+                 "(default 2)")
   args = parser.parse_args(argv)
-  symbols = (ALBERT_USER_SYMBOLS if args.user_symbols == "albert" else
-             tuple(s for s in args.user_symbols.split(",") if s))
+  bpe = args.type == "bpe"
+  wrong = [f"--{n}" for n in (_SPM_ONLY if bpe else _BPE_ONLY)
+           if getattr(args, n) is not None]
+  if wrong:
+    parser.error(f"{', '.join(wrong)} do(es) not apply to --type "
+                 f"{args.type}.")
+  common = dict(seed=args.seed, verbose=args.verbose)
+  if args.input_sentence_size is not None:
+    common["input_sentence_size"] = args.input_sentence_size
+  if bpe:
+    options = dict(output=args.output or "bpe",
+                   min_frequency=args.min_frequency or 2, **common)
+  else:
+    symbols = (ALBERT_USER_SYMBOLS if args.user_symbols == "albert" else
+               tuple(s for s in (args.user_symbols or "").split(",") if s))
+    options = dict(output=args.output or "spiece.model", user_symbols=symbols,
+                   byte_fallback=bool(args.byte_fallback),
+                   num_threads=args.num_threads,
+                   do_lower_case=not args.cased,
+                   keep_accents=bool(args.keep_accents), **common)
+  vocab_size = args.vocab_size or (50265 if bpe else 30000)
   try:
-    tok = Tokenizer.train(
-        args.input, args.vocab_size, output=args.output,
-        user_symbols=symbols, byte_fallback=args.byte_fallback,
-        input_sentence_size=args.input_sentence_size, seed=args.seed,
-        num_threads=args.num_threads, do_lower_case=not args.cased,
-        keep_accents=args.keep_accents, verbose=args.verbose)
+    tok = Tokenizer.train(args.input, vocab_size, kind=args.type, **options)
   except (ValueError, RuntimeError) as e:  # bad corpus, or spm's complaint
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -136,8 +136,9 @@ class PretrainingObjective:
   def denominators(self, batch: dict) -> dict[str, jax.Array]:
     dens = {"mlm": jnp.sum(batch["masked_weights"].astype(jnp.float32))
                    + objectives.MLM_EPS}
-    # An MLM-only model may be fed batches without sentence labels.
-    if "sentence_labels" in batch:
+    # The loader always yields sentence labels (-1 without a sentence
+    # objective); only a model with the sentence head has a term for them.
+    if "sentence_labels" in batch and "sop" in self.model.heads:
       dens["sop"] = jnp.maximum(jnp.sum(
           (batch["sentence_labels"] >= 0).astype(jnp.float32)), 1.0)
     return dens

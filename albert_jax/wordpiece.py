@@ -2,7 +2,8 @@
 
 `Tokenizer` holds one of these (a `tokenizers.Tokenizer`) for `vocab.txt`
 (rebuilt as transformers' BertTokenizerFast pipeline) and for HF
-`tokenizer.json` files, which may hold a WordPiece, Unigram or BPE model.
+`tokenizer.json` files, which may hold a WordPiece, Unigram or BPE model (a
+byte-level BPE, RoBERTa's or GPT-2's, gets `albert_jax.bpe`'s handling).
 The `tokenizers` library is imported on first use. The `[CLS] a [SEP] b
 [SEP]` template with that library's longest-first truncation, which every
 vocabulary's `encode_pair` uses, is ported here too.

@@ -1,15 +1,18 @@
 """The trainer's data setup: tokenizer and prepared instances, built once.
 
 With `config.data.tokenizer` and `config.data.data_dir` empty, the first run
-trains a SentencePiece model and prepares the corpus inside the workdir, and
-later runs (resumes) reuse both; a prepared dataset whose recipe no longer
-matches the config is rebuilt rather than silently reused.
+trains a tokenizer (`config.data.tokenizer_type`: a SentencePiece model in
+WORKDIR/spm, or a byte-level BPE in WORKDIR/bpe) and prepares the corpus
+inside the workdir, and later runs (resumes) reuse both; a prepared dataset
+whose recipe no longer matches the config is rebuilt rather than silently
+reused.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking as masking_lib
@@ -45,19 +48,46 @@ def _load_tokenizer(path: str, what: str, fix: str):
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(
         f"{what} {path!r} cannot be read as a tokenizer ({type(e).__name__}: "
-        f"{e}); it is damaged or not a SentencePiece .model, vocab.txt or "
-        f"tokenizer.json. {fix[0].upper() + fix[1:]}") from e
+        f"{e}); it is damaged or not a SentencePiece .model, vocab.txt, "
+        f"tokenizer.json or vocab.json. {fix[0].upper() + fix[1:]}") from e
+
+
+# config.data.tokenizer_type → what a workdir's own tokenizer is: its
+# directory and the file whose presence means it is complete.
+TOKENIZER_TYPES = {"sentencepiece": ("spm", "spiece.model"),
+                   "bpe": ("bpe", "tokenizer.json")}
+
+
+def tokenizer_type(config) -> str:
+  """`config.data.tokenizer_type`, checked; configs (and recorded runs)
+  from before the field existed train SentencePiece."""
+  data = (config["data"] if "data" in config else None) or {}
+  kind = data.get("tokenizer_type") or "sentencepiece"
+  if kind not in TOKENIZER_TYPES:
+    raise ValueError(
+        f"config.data.tokenizer_type={kind!r}; choose one of "
+        f"{sorted(TOKENIZER_TYPES)} (sentencepiece: ALBERT's unigram model; "
+        "bpe: RoBERTa's byte-level BPE).")
+  return kind
+
+
+def workdir_tokenizer_path(config, workdir: str) -> str:
+  """Where the trainer keeps the tokenizer it trains in `workdir`."""
+  directory, name = TOKENIZER_TYPES[tokenizer_type(config)]
+  return os.path.join(workdir, directory, name)
 
 
 def _train_tokenizer(config, path: str):
-  """Trains the workdir's SentencePiece model, atomically.
+  """Trains the workdir's tokenizer, atomically.
 
-  The model is trained under a temporary name and renamed into place, so a
-  run killed while training leaves no truncated `spiece.model` that every
-  later run would fail to load; the rerun trains again.
+  The vocabulary is trained under a temporary name and renamed into place,
+  so a run killed while training leaves no truncated `spiece.model` (or half
+  a BPE directory) that every later run would fail to load; the rerun
+  trains again.
   """
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   corpus = config.data.corpus
+  kind = tokenizer_type(config)
   if config.data.format != "sentences":
     raise ValueError(
         "Training a tokenizer needs a corpus in the official sentence "
@@ -68,20 +98,32 @@ def _train_tokenizer(config, path: str):
     raise FileNotFoundError(
         f"config.data.corpus={corpus!r}: {e} Give files or globs of text "
         "(comma-separated), or 'bundled' for the shipped corpus.") from e
-  log.info("Training a %d-piece SentencePiece model on %d file(s) → %s",
-           config.model.vocab_size, len(files), path)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  partial = path[:-len(".model")] + ".partial"
+  what = "byte-level BPE" if kind == "bpe" else "SentencePiece model"
+  log.info("Training a %d-piece %s on %d file(s) → %s",
+           config.model.vocab_size, what, len(files), path)
+  if kind == "bpe":
+    final = os.path.dirname(path)
+    partial = final + ".partial"
+    for stale in (partial, final):  # left by a run killed while training
+      if os.path.exists(stale):
+        shutil.rmtree(stale)
+    output = partial
+  else:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path[:-len(".model")] + ".partial"
+    output = partial + ".model"
   try:
-    Tokenizer.train(files, config.model.vocab_size,
-                    output=partial + ".model", seed=config.seed,
-                    input_sentence_size=2_000_000)
+    Tokenizer.train(files, config.model.vocab_size, kind=kind, output=output,
+                    seed=config.seed, input_sentence_size=2_000_000)
   except ValueError as e:  # nothing usable in the corpus
     raise ValueError(
         f"Cannot train a tokenizer on config.data.corpus={corpus!r}: {e} "
         "Point config.data.corpus at UTF-8 text in the official format (a "
         "sentence per line, a blank line between documents), or give a "
-        "trained model as config.data.tokenizer.") from e
+        "trained one as config.data.tokenizer.") from e
+  if kind == "bpe":
+    os.replace(partial, final)  # the directory appears whole
+    return Tokenizer.from_file(path)
   # The .model goes last: its presence means the tokenizer is complete.
   if os.path.exists(partial + ".vocab"):
     os.replace(partial + ".vocab", path[:-len(".model")] + ".vocab")
@@ -90,7 +132,8 @@ def _train_tokenizer(config, path: str):
 
 
 def ensure_tokenizer(config, workdir: str):
-  """The configured tokenizer, or one trained into WORKDIR/spm on first use.
+  """The configured tokenizer, or one trained into the workdir on first use
+  (WORKDIR/spm/spiece.model, or WORKDIR/bpe/ for tokenizer_type "bpe").
 
   Raises:
     FileNotFoundError: config.data.tokenizer or the corpus does not exist.
@@ -101,10 +144,10 @@ def ensure_tokenizer(config, workdir: str):
     tok = _load_tokenizer(
         config.data.tokenizer, "config.data.tokenizer",
         "give the path of a SentencePiece .model (or vocab.txt / "
-        "tokenizer.json / an HF directory), or leave config.data.tokenizer "
-        "empty to train one in the workdir.")
+        "tokenizer.json / vocab.json / an HF directory), or leave "
+        "config.data.tokenizer empty to train one in the workdir.")
   else:
-    path = os.path.join(workdir, "spm", "spiece.model")
+    path = workdir_tokenizer_path(config, workdir)
     if os.path.exists(path):
       tok = _load_tokenizer(
           path, "The workdir's tokenizer",

@@ -54,10 +54,13 @@ def read_workdir_config(path: str) -> dict | None:
 
 
 def _tokenizer(path: str, config: Mapping[str, Any]):
-  """The tokenizer the run trained with: data.tokenizer or WORKDIR/spm."""
+  """The tokenizer the run trained with: data.tokenizer, or the one the
+  trainer made in the workdir (WORKDIR/spm/spiece.model, or WORKDIR/bpe/
+  for data.tokenizer_type "bpe")."""
+  from albert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   configured = str((config.get("data") or {}).get("tokenizer") or "")
-  own = os.path.join(path, "spm", "spiece.model")
+  own = pipeline.workdir_tokenizer_path(config, path)
   # The trainer's order: a configured tokenizer wins over the workdir's.
   for candidate in (configured, own) if configured else (own,):
     if candidate and os.path.exists(candidate):
