@@ -188,7 +188,9 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
       eval_fraction=0.01, num_workers=1, prefetch=2, dynamic_masking=True))
   c.masking = ml_collections.ConfigDict(dict(
       max_predictions=max_predictions, masked_lm_prob=0.15, max_ngram=3,
-      favor_shorter_ngram=True, whole_word=True))
+      favor_shorter_ngram=True, whole_word=True,
+      # Of the chosen tokens: [MASK], a random token, the rest unchanged.
+      mask_token_prob=0.8, random_token_prob=0.1))
 
   _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
               warmup_steps)

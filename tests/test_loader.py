@@ -248,3 +248,41 @@ def test_only_listed_shards_are_read(data_dir, vocab, tmp_path):
   os.remove(copy / first)
   with pytest.raises(FileNotFoundError, match="missing"):
     _loader(str(copy), vocab)
+
+
+def test_trainer_passes_every_masking_field():
+  """Each MaskingConfig field is a config.masking key the trainer honours:
+  set to a non-default value, it reaches the loader's MaskingConfig."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from albert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  config = config_lib.base_config(config_lib.tiny_model())
+  changed = dict(max_predictions=7, masked_lm_prob=0.2, max_ngram=2,
+                 favor_shorter_ngram=False, whole_word=False,
+                 mask_token_prob=0.85, random_token_prob=0.0)
+  fields = {f.name for f in dataclasses.fields(masking.MaskingConfig)}
+  assert set(changed) == fields
+  assert fields <= set(config.masking)
+  config.masking.update(changed)
+  got = pipeline.masking_config(config)
+  assert dataclasses.asdict(got) == changed
+
+
+def test_unmasked_batches(data_dir, vocab):
+  """masking_config=None: the instances' tokens as they are, no targets."""
+  masked = loader_lib.Loader(data_dir, global_batch_size=4, vocab=vocab,
+                             seed=3, prefetch=0)
+  plain = loader_lib.Loader(data_dir, global_batch_size=4, vocab=vocab,
+                            seed=3, prefetch=0, masking_config=None)
+  a, b = masked.local_batch(2), plain.local_batch(2)
+  for key in ("token_type_ids", "attention_mask", "sentence_labels"):
+    np.testing.assert_array_equal(a[key], b[key])
+  # Unmasking the masked batch's targets gives back the plain tokens.
+  restored = a["input_ids"].copy()
+  rows = np.arange(4)[:, None]
+  w = a["masked_weights"] > 0
+  restored[np.broadcast_to(rows, w.shape)[w], a["masked_positions"][w]] = (
+      a["masked_ids"][w])
+  np.testing.assert_array_equal(restored, b["input_ids"])
+  assert b["masked_positions"].shape == (4, 0)
+  assert b["masked_weights"].dtype == np.float32

@@ -218,7 +218,10 @@ def masking_config(config) -> masking_lib.MaskingConfig:
   return masking_lib.MaskingConfig(
       max_predictions=m.max_predictions, masked_lm_prob=m.masked_lm_prob,
       max_ngram=m.max_ngram, favor_shorter_ngram=m.favor_shorter_ngram,
-      whole_word=m.whole_word)
+      whole_word=m.whole_word,
+      # Configs recorded before these fields existed used BERT's 80/10/10.
+      mask_token_prob=m.get("mask_token_prob", 0.8),
+      random_token_prob=m.get("random_token_prob", 0.1))
 
 
 def make_loader(config, data_dir: str, split: str, vocab, sharding,
