@@ -126,9 +126,17 @@ class PretrainingObjective:
     self.model = model
 
   def sums(self, params, batch: dict, rng, deterministic: bool) -> dict:
+    cfg = self.model.config
+    position_ids = None
+    if cfg.position_ids_from_padding:
+      # RoBERTa's positions, from the attention mask rather than the ids: a
+      # masked token replaced by a random <pad> must not shift the rest.
+      real = (batch["attention_mask"] != 0).astype(jnp.int32)
+      position_ids = jnp.cumsum(real, axis=1) * real + cfg.pad_token_id
     out = self.model.apply(
         {"params": params}, batch["input_ids"], batch["token_type_ids"],
-        batch["attention_mask"], masked_positions=batch["masked_positions"],
+        batch["attention_mask"], position_ids=position_ids,
+        masked_positions=batch["masked_positions"],
         deterministic=deterministic,
         rngs=None if deterministic else {"dropout": rng})
     return objectives.pretraining_sums(out, batch)

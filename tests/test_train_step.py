@@ -525,3 +525,36 @@ def test_nonfinite_batch_skips_the_update_and_names_the_gradients():
   chex.assert_trees_all_equal(after_good["params"], alone["params"])
   chex.assert_trees_all_equal(after_good["opt_state"], alone["opt_state"])
   assert int(after_good["step"]) == 2
+
+
+def test_roberta_positions_ignore_a_random_pad_token():
+  """With positions counted from the padding, a masked token that the masker
+  replaced by <pad> (a random id can be any id) keeps everyone's position:
+  the objective counts positions over the attention mask, as if the
+  original token were there."""
+  cfg = ModelConfig(**{**config_lib.TINY, "vocab_size": 50,
+                       "max_position_embeddings": 20, "pad_token_id": 1,
+                       "position_ids_from_padding": True, "type_vocab_size": 1})
+  model = Albert(cfg, heads=("mlm",))
+  ids = jnp.array([[0, 5, 6, 7, 8, 2, 1, 1],
+                   [0, 9, 10, 11, 12, 13, 14, 2]], jnp.int32)
+  mask = (ids != 1).astype(jnp.int32)
+  noisy = ids.at[0, 3].set(1).at[1, 2].set(1)  # two targets became <pad>
+  batch = {"input_ids": noisy, "token_type_ids": jnp.zeros_like(ids),
+           "attention_mask": mask,
+           "masked_positions": jnp.array([[3, 0], [2, 0]], jnp.int32),
+           "masked_ids": jnp.array([[7, 0], [10, 0]], jnp.int32),
+           "masked_weights": jnp.array([[1.0, 0.0], [1.0, 0.0]]),
+           "sentence_labels": jnp.array([-1, -1], jnp.int32)}
+  params = model.init(jax.random.key(0), ids)["params"]
+  got = train_step.PretrainingObjective(model).sums(params, batch, None, True)
+  from albert_jax import models  # pylint: disable=g-import-not-at-top
+  out = model.apply({"params": params}, noisy, batch["token_type_ids"], mask,
+                    position_ids=models.padding_position_ids(ids, 1),
+                    masked_positions=batch["masked_positions"])
+  want = objectives.pretraining_sums(out, batch)
+  chex.assert_trees_all_close(got, want, rtol=1e-6)
+  # Counting from the noisy ids would have shifted the rows' positions.
+  shifted = model.apply({"params": params}, noisy, batch["token_type_ids"],
+                        mask, masked_positions=batch["masked_positions"])
+  assert not np.allclose(shifted["mlm_logits"], out["mlm_logits"])
