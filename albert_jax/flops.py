@@ -16,17 +16,24 @@ V vocab, C sentence labels and P positions decoded by the MLM head:
   E→H projection (ALBERT only)      2·T·E·H
   attention Q, K, V, output         N · T · 4 · 2·H·H
   attention QKᵀ and PV              N · T · 4·T·H  (bidirectional: every
-                                      query sees all T keys, no causal ½)
+                                      query sees all T keys), halved for a
+                                      causal model
   FFN in and out                    N · T · 2 · 2·H·F
-  pooler (the [CLS] token only)     2·H·H
+  pooler (one token per sequence)   2·H·H
   SOP / NSP classifier              2·H·C
   MLM transform H→E                 P · 2·H·E
   MLM decoder E→V (tied table)      P · 2·E·V
+  LM map H→E (with a projection)    T · 2·H·E
+  LM decoder E→V (tied table)       T · 2·E·V
 
 P is the number of masked positions when the MLM head decodes only those
-(`masked_positions` given, as in pre-training) and T otherwise. Biases,
-LayerNorm, softmax, activations and dropout are elementwise and left out;
-attention to padding is counted, since the hardware does it.
+(`masked_positions` given, as in pre-training) and T otherwise; the causal
+"lm" head decodes every one of the T positions. Biases, LayerNorm, softmax,
+activations and dropout are elementwise and left out; attention to padding
+is counted, since the hardware does it. A causal model's attention counts
+half of the T² score and value products, MaxText's convention: the masked
+half is work the model does not need, and the causal flash kernel skips it,
+so its MFU is not inflated by work that is thrown away.
 
 The module is pure Python over `ModelConfig`'s fields, so the trainer can
 call it anywhere without tracing anything.
@@ -41,6 +48,8 @@ if TYPE_CHECKING:
 
 # Mirrors models.HEADS; not imported so that this module needs no Flax.
 PRETRAINING_HEADS = ("mlm", "sop")
+# Every head counted here: the defaults and the causal next-token head.
+COUNTED_HEADS = ("mlm", "sop", "lm")
 # Backward costs two forward passes: d(activations) and d(weights).
 TRAINING_MULTIPLIER = 3
 
@@ -57,36 +66,45 @@ def forward_flops_breakdown(
     num_predictions: P, masked positions the MLM head decodes per sequence;
       None decodes every one of the T positions.
     pooler: whether the [CLS] pooler runs.
-    heads: which of "mlm" and "sop" run, as in `Albert(heads=...)`.
+    heads: which of "mlm", "sop" and "lm" run, as in `Albert(heads=...)`.
 
   Returns:
     An ordered dict of component name → FLOPs per sequence (ints, exact);
-    components that do not run are 0.
+    components that do not run are 0 (the "lm_*" ones are present only
+    with the "lm" head).
   """
   if seq_len < 1:
     raise ValueError(f"seq_len must be positive, got {seq_len}.")
   if num_predictions is not None and not 0 <= num_predictions <= seq_len:
     raise ValueError(f"num_predictions must be in [0, seq_len={seq_len}], "
                      f"got {num_predictions}.")
-  unknown = set(heads) - set(PRETRAINING_HEADS)
+  unknown = set(heads) - set(COUNTED_HEADS)
   if unknown:
     raise ValueError(f"Unknown heads {sorted(unknown)}; choose from "
-                     f"{PRETRAINING_HEADS}.")
+                     f"{COUNTED_HEADS}.")
   t, e, h = seq_len, cfg.embedding_size, cfg.hidden_size
   f, v, c = cfg.intermediate_size, cfg.vocab_size, cfg.num_sentence_labels
   n = cfg.num_hidden_layers * cfg.inner_group_num
   p = t if num_predictions is None else num_predictions
   mlm = "mlm" in heads
-  return {
+  lm = "lm" in heads
+  scores = n * t * 4 * t * h
+  if cfg.causal:
+    scores //= 2  # exact: 4·T·H is even
+  parts = {
       "embedding_projection": 2 * t * e * h if cfg.embedding_projection else 0,
       "attention_projections": n * t * 4 * 2 * h * h,
-      "attention_scores": n * t * 4 * t * h,
+      "attention_scores": scores,
       "ffn": n * t * 2 * 2 * h * f,
       "pooler": 2 * h * h if pooler else 0,
       "sop": 2 * h * c if "sop" in heads else 0,
       "mlm_transform": p * 2 * h * e if mlm else 0,
       "mlm_decoder": p * 2 * e * v if mlm else 0,
   }
+  if lm:  # listed only where built, so encoder-only tables stay as they were
+    parts["lm_transform"] = t * 2 * h * e if cfg.embedding_projection else 0
+    parts["lm_decoder"] = t * 2 * e * v
+  return parts
 
 
 def forward_flops_per_sequence(

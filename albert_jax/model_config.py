@@ -41,6 +41,9 @@ class ModelConfig:
     pad_token_id: the padding token, used by `position_ids_from_padding`.
     dtype: compute dtype; parameters stay in `param_dtype`.
     remat: rematerialisation policy of each layer in the scan.
+    causal: left-to-right attention (GPT-1): a token attends only to itself
+      and earlier tokens of its segment, and the pooler reads the last
+      non-padding token instead of position 0.
   """
   vocab_size: int = 30000
   embedding_size: int = 128
@@ -68,6 +71,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   attention_impl: str = "auto"
   remat: str = "none"
+  causal: bool = False
 
   def __post_init__(self):
     def fail(msg):
@@ -113,6 +117,8 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         fail(f"model.{name}={getattr(self, name)!r}; choose one of "
              f"{sorted(_DTYPES)}.")
+    if not isinstance(self.causal, bool):
+      fail(f"model.causal must be true or false, got {self.causal!r}.")
     if self.remat not in REMAT_POLICIES:
       fail(f"model.remat={self.remat!r}; choose one of {REMAT_POLICIES}.")
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob",
@@ -128,6 +134,27 @@ class ModelConfig:
     if self.attention_impl not in attention.IMPLEMENTATIONS:
       fail(f"model.attention_impl={self.attention_impl!r}; choose one of "
            f"{attention.IMPLEMENTATIONS}.")
+
+  def check_heads(self, heads) -> None:
+    """Refuses pre-training heads this model cannot train (ValueError).
+
+    A causal model cannot have the "sop" head: its instances put segment B
+    before A (SOP) or after a random document (NSP) half of the time, and a
+    left-to-right model trained on them would learn that shuffled text as
+    real text (GPT-1 reads contiguous text only). The "lm" head predicts
+    each next token, which a bidirectional model already sees in its input,
+    so it needs `causal`.
+    """
+    if self.causal and "sop" in heads:
+      raise ValueError(
+          "A causal model (model.causal=True) cannot have the 'sop' head: SOP "
+          "and NSP instances put segments out of order half of the time, "
+          "which a left-to-right model would learn as real text. Use "
+          "config.data.objective='none' (heads: 'lm').")
+    if not self.causal and "lm" in heads:
+      raise ValueError(
+          "The 'lm' head predicts the next token, which a bidirectional "
+          "model sees in its input; set model.causal=True.")
 
   @classmethod
   def from_dict(cls, values: Any) -> "ModelConfig":

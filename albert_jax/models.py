@@ -6,7 +6,8 @@ axis holding as many copies as the strategy stores (1 for ALBERT, L for BERT).
 A single `nn.scan` walks the applied blocks: an unshared stack is scanned over
 (slice i for block i), a shared stack is broadcast to every iteration and
 indexed by the official group mapping. Depth therefore never unrolls into the
-graph, and BERT is `share="none"` of the same code.
+graph, and BERT is `share="none"` of the same code. GPT-1 is the same stack
+with `causal` attention and the tied next-token "lm" head.
 
 Shapes: B batch, T sequence, H hidden, E embedding, V vocab, P predictions.
 """
@@ -25,9 +26,10 @@ from albert_jax.model_config import ModelConfig
 from albert_jax.ops import attention as attention_ops
 
 # The pre-training heads built by default; ALL_HEADS adds ELECTRA's
-# replaced-token-detection head, which a model builds only when asked.
+# replaced-token-detection head and the causal next-token head, which a model
+# builds only when asked.
 HEADS = ("mlm", "sop")
-ALL_HEADS = ("mlm", "sop", "rtd")
+ALL_HEADS = ("mlm", "sop", "rtd", "lm")
 
 
 def _constrain(x, names):
@@ -92,7 +94,8 @@ class AttentionBlock(nn.Module):
     context = attention_ops.dot_product_attention(
         q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
         dropout_rng=self.make_rng("dropout") if needs_rng else None,
-        deterministic=deterministic, impl=cfg.attention_impl)
+        deterministic=deterministic, impl=cfg.attention_impl,
+        causal=cfg.causal)
     y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
                      name="output", **kw)(context)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
@@ -266,6 +269,36 @@ class RTDHead(nn.Module):
     return y[..., 0]
 
 
+class LMHead(nn.Module):
+  """GPT-1's next-token decoder: logits = h·Wordᵀ, tied to the word table.
+
+  GPT-1 decodes the last block's output directly (no transform, no bias).
+  With ALBERT's factorised embedding (an E→H projection) the hidden state is
+  first mapped back H→E by a learned linear layer: the table is [V, E], and
+  the transpose of the input projection would tie the output to a map that
+  was learned for the other direction.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, embeddings: Embeddings):
+    """[..., H] → [..., V]."""
+    cfg = self.config
+    if cfg.embedding_projection:
+      x = layers.Dense((cfg.embedding_size,), ("embed", "embedding"),
+                       init_range=cfg.initializer_range,
+                       dtype=cfg.compute_dtype,
+                       param_dtype=cfg.parameter_dtype, name="transform")(x)
+    return embeddings.attend(x)
+
+
+def last_token_index(attention_mask: jax.Array) -> jax.Array:
+  """[B, T] mask (0 = padding) → [B] index of each row's last non-padding
+  token (0 for a row of padding only)."""
+  positions = jnp.arange(attention_mask.shape[1], dtype=jnp.int32)
+  return jnp.max(jnp.where(attention_mask != 0, positions, 0), axis=1)
+
+
 def padding_position_ids(input_ids: jax.Array, pad_token_id: int
                          ) -> jax.Array:
   """RoBERTa's positions: [B, T] ids → [B, T] int32.
@@ -287,10 +320,13 @@ class Albert(nn.Module):
 
   Attributes:
     config: the model's hyperparameters.
-    pooler: build the [CLS] pooler (dense + tanh).
+    pooler: build the pooler (dense + tanh) of the [CLS] token, or of the
+      last non-padding token in a causal model (position 0 of a causal
+      model has seen only itself; GPT-1 classifies from the final token).
     heads: which of "mlm" (tied masked-LM head), "sop" (2-way sentence
-      head on the pooler: SOP for ALBERT, NSP for BERT) and "rtd" (ELECTRA's
-      per-token replaced-token detection) to build.
+      head on the pooler: SOP for ALBERT, NSP for BERT), "rtd" (ELECTRA's
+      per-token replaced-token detection) and "lm" (a causal model's tied
+      next-token head) to build.
   """
   config: ModelConfig
   pooler: bool = True
@@ -303,6 +339,7 @@ class Albert(nn.Module):
           f"Unknown heads {sorted(unknown)}; choose from {ALL_HEADS}.")
     if "sop" in self.heads and not self.pooler:
       raise ValueError("The 'sop' head reads the pooled output; keep pooler.")
+    self.config.check_heads(self.heads)
 
   @nn.compact
   def __call__(self,
@@ -329,7 +366,8 @@ class Albert(nn.Module):
     Returns:
       dict with "sequence_output" [B, T, H], and where built
       "pooled_output" [B, H], "mlm_logits" [B, T or P, V], "sop_logits" [B, 2],
-      "rtd_logits" [B, T].
+      "rtd_logits" [B, T], "lm_logits" [B, T, V] (position t's scores for
+      token t + 1).
     """
     cfg = self.config
     batch, length = input_ids.shape
@@ -358,11 +396,16 @@ class Albert(nn.Module):
     x = Encoder(cfg, name="encoder")(x, segment_ids, deterministic)
     out = {"sequence_output": x}
     if self.pooler:
+      if cfg.causal:
+        summary = jnp.take_along_axis(
+            x, last_token_index(attention_mask)[:, None, None], axis=1)[:, 0]
+      else:
+        summary = x[:, 0]
       pooled = layers.Dense((cfg.hidden_size,), ("embed", "embed_out"),
                             init_range=cfg.initializer_range,
                             dtype=cfg.compute_dtype,
                             param_dtype=cfg.parameter_dtype,
-                            name="pooler")(x[:, 0])
+                            name="pooler")(summary)
       out["pooled_output"] = jnp.tanh(pooled)
     if "mlm" in self.heads:
       hidden = x if masked_positions is None else gather_positions(
@@ -375,4 +418,6 @@ class Albert(nn.Module):
           param_dtype=cfg.parameter_dtype, name="sop")(out["pooled_output"])
     if "rtd" in self.heads:
       out["rtd_logits"] = RTDHead(cfg, name="rtd")(x)
+    if "lm" in self.heads:
+      out["lm_logits"] = LMHead(cfg, name="lm")(x, embeddings)
     return out

@@ -12,6 +12,9 @@ Differences from `optax.lamb` that matter for reproducing ALBERT:
 - the schedule decays polynomially from step 0 over `num_train_steps`, and
   linear warmup overrides it while step < warmup (`optax.join_schedules`
   would restart the decay after warmup).
+
+`optimizer.schedule="cosine"` gives GPT-1's schedule instead: linear warmup
+from 0, then a cosine anneal to `end_learning_rate` at `num_train_steps`.
 """
 
 from __future__ import annotations
@@ -57,6 +60,27 @@ def albert_schedule(peak: float, num_train_steps: int, warmup_steps: int,
     warm = peak * warm_step / warmup_steps
     return jnp.where(warm_step < warmup_steps, warm, decayed)
   return schedule
+
+
+def cosine_schedule(peak: float, num_train_steps: int, warmup_steps: int,
+                    end: float = 0.0) -> optax.Schedule:
+  """GPT-1's schedule: linear warmup from 0 to `peak` over `warmup_steps`,
+  then a half cosine from `peak` to `end` ending at `num_train_steps` (held
+  at `end` after). The same values as `optax.warmup_cosine_decay_schedule(
+  0, peak, warmup_steps, num_train_steps, end)`."""
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    frac = jnp.clip((step - warmup_steps)
+                    / max(num_train_steps - warmup_steps, 1), 0.0, 1.0)
+    decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+    if warmup_steps <= 0:
+      return decayed
+    warm = peak * step / warmup_steps
+    return jnp.where(step < warmup_steps, warm, decayed)
+  return schedule
+
+
+SCHEDULES = ("polynomial", "cosine")
 
 
 class ScaleByAdamState(NamedTuple):
@@ -164,14 +188,23 @@ def make(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
 
   Reads: optimizer.{name, learning_rate, warmup_steps, end_learning_rate,
   power, b1, b2, eps, weight_decay, bias_correction, clip_norm} and
-  config.num_train_steps.
+  config.num_train_steps; optimizer.schedule ("polynomial", ALBERT's, when
+  absent, or "cosine", GPT-1's; `power` applies to the polynomial only).
   """
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     raise ValueError(f"optimizer.name={o.name!r}; choose one of "
                      f"{sorted(OPTIMIZERS)}.")
-  schedule = albert_schedule(o.learning_rate, config.num_train_steps,
-                             o.warmup_steps, o.end_learning_rate, o.power)
+  kind = o.get("schedule", "polynomial")
+  if kind not in SCHEDULES:
+    raise ValueError(f"optimizer.schedule={kind!r}; choose one of "
+                     f"{SCHEDULES}.")
+  if kind == "cosine":
+    schedule = cosine_schedule(o.learning_rate, config.num_train_steps,
+                               o.warmup_steps, o.end_learning_rate)
+  else:
+    schedule = albert_schedule(o.learning_rate, config.num_train_steps,
+                               o.warmup_steps, o.end_learning_rate, o.power)
   tx = OPTIMIZERS[o.name](schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                           weight_decay=o.weight_decay,
                           bias_correction=o.bias_correction)

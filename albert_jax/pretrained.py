@@ -92,7 +92,8 @@ class Pretrained:
     Returns:
       dict of "sequence_output" [B, T, H] and, where the checkpoint has them,
       "pooled_output" [B, H], "mlm_logits" [B, T, V], "sop_logits" [B, 2],
-      "rtd_logits" [B, T].
+      "rtd_logits" [B, T], "lm_logits" [B, T, V] (a causal model's scores
+      for each next token).
     """
     ids = jnp.asarray(input_ids, jnp.int32)
     tt = (jnp.zeros_like(ids) if token_type_ids is None
@@ -133,11 +134,17 @@ class Pretrained:
           normalises, e.g. lower-cased for ALBERT; special tokens dropped).
 
     Raises:
-      ValueError: the checkpoint has no MLM head or no tokenizer, its
-        vocabulary has no mask, [CLS] or [SEP] piece, the text has no mask
-        marker, the input is longer than the model's positions, or top_k is
-        out of range.
+      ValueError: the model is causal, the checkpoint has no MLM head or no
+        tokenizer, its vocabulary has no mask, [CLS] or [SEP] piece, the
+        text has no mask marker, the input is longer than the model's
+        positions, or top_k is out of range.
     """
+    if self.model_config.causal:
+      raise ValueError(
+          "fill_mask predicts a masked token from the text on both sides, "
+          "and this model is causal (GPT-style): it reads left to right and "
+          "was trained to predict the next token. Call the model instead: "
+          "its 'lm_logits'[:, t] score the token after position t.")
     if "mlm" not in self.heads:
       raise ValueError(
           "fill_mask needs a masked-LM head, and this checkpoint has none "
@@ -238,10 +245,15 @@ class Pretrained:
 
     Raises:
       ValueError: the model has no equivalent in that family (the message
-        says why).
+        says why); a causal model has none in any of them.
     """
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
     cfg = self.model_config
+    if cfg.causal:
+      raise ValueError(
+          "This model is causal (GPT-style); the HF ALBERT, BERT, RoBERTa "
+          "and ELECTRA classes attend in both directions, so a checkpoint "
+          "written for them would silently run a different model.")
     model_type = (model_type or self.model_type
                   or hf.infer_model_type(cfg, self.heads))
     params = jax.tree.map(np.asarray, self.params)
@@ -348,7 +360,7 @@ def _finish(path: str, model_type: str, *, model_config: ModelConfig,
     raise CheckpointError(
         f"{source} has a sentence-order head but no pooler, which that head "
         "reads; it is not a layout transformers writes.")
-  heads = tuple(h for h in models.ALL_HEADS if parts[h])
+  heads = tuple(h for h in models.ALL_HEADS if parts.get(h))
   _, expected = layout.abstract_params(cfg, parts["pooler"], heads)
   layout.check_shapes(params, expected, source)
   missing = tuple(p for p in hf.PARTS[model_type] if not parts[p])

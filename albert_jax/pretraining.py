@@ -6,6 +6,9 @@ same encoder, train step, loop and checkpoints:
 - "masked_lm": ALBERT, BERT and RoBERTa. Masked LM, plus a sentence head when
   `config.data.objective` gives sentence labels (SOP for ALBERT, NSP for
   BERT; "none" for RoBERTa's full-sentence packing).
+- "causal_lm": GPT-1, the left-to-right baseline: a `model.causal` stack
+  predicting every next token with the tied "lm" head, on the contiguous
+  text stream of `config.data.objective="none"`.
 
 The trainer (`train.run`), `compile_only` and `report` all ask `setup(config)`
 so that they agree on the model a run trains.
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 
 from albert_jax import flops as flops_lib
 from albert_jax import models
+from albert_jax import objectives
 from albert_jax import train_step as step_lib
 from albert_jax.model_config import ModelConfig
 
@@ -63,6 +67,8 @@ def checkpoint_heads(config: Mapping[str, Any]) -> tuple[str, ...]:
   """The heads of the `models.Albert` whose parameters a run's checkpoints
   hold, from the run's recorded config (the JSON dict in WORKDIR/config.json).
   """
+  if config.get("pretraining") == "causal_lm":
+    return ("lm",)
   data = config.get("data") or {}
   return sentence_heads(data.get("objective", "sop"))
 
@@ -105,8 +111,41 @@ def _masked_lm(config, model_config: ModelConfig) -> Setup:
       batch_shapes=masked_batch_shapes(config.batch_size, seq_len, preds))
 
 
+def _causal_lm(config, model_config: ModelConfig) -> Setup:
+  if not model_config.causal:
+    raise ValueError(
+        "config.pretraining='causal_lm' predicts each next token, which a "
+        "bidirectional model sees; set --config.model.causal=True.")
+  if config.data.objective != "none":
+    raise ValueError(
+        f"config.pretraining='causal_lm' reads contiguous text, but "
+        f"config.data.objective={config.data.objective!r} builds sentence "
+        "pairs that are out of order half of the time; set "
+        "--config.data.objective=none.")
+  heads = ("lm",)
+  model = models.Albert(model_config, heads=heads)
+  seq_len = config.data.max_seq_length
+
+  def init_params(rng):
+    return model.init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
+
+  return Setup(
+      model_config=model_config,
+      objective=objectives.CausalLMObjective(model),
+      init_params=init_params,
+      # Every position is decoded; causal attention counts half its scores
+      # (flops.py, MaxText's convention).
+      flops_per_step=flops_lib.training_flops_per_step(
+          model_config, config.batch_size, seq_len, heads=heads),
+      masked=False,
+      # The unmasked loader's batch: its masked_* arrays have no columns.
+      batch_shapes=masked_batch_shapes(config.batch_size, seq_len, 0),
+      unigram_baseline=False)
+
+
 _BUILDERS: dict[str, Callable[[Any, ModelConfig], Setup]] = {
     "masked_lm": _masked_lm,
+    "causal_lm": _causal_lm,
 }
 KINDS = tuple(_BUILDERS)
 

@@ -26,11 +26,13 @@ FAST = hypothesis.settings(max_examples=12, deadline=None, derandomize=True,
 fast_jit = functools.partial(
     jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 attend = fast_jit(attention.dot_product_attention,
-                  static_argnames=("dropout_rate", "deterministic", "impl"))
+                  static_argnames=("dropout_rate", "deterministic", "impl",
+                                   "causal"))
 
 
-def reference_attention(q, k, v, q_ids=None, kv_ids=None):
-  """softmax(q kᵀ/√d) v in float64, one query row at a time."""
+def reference_attention(q, k, v, q_ids=None, kv_ids=None, causal=False):
+  """softmax(q kᵀ/√d) v in float64, one query row at a time; `causal`
+  keeps only keys j <= i."""
   q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
   batch, q_len, heads, depth = q.shape
   kv_len = k.shape[1]
@@ -42,6 +44,8 @@ def reference_attention(q, k, v, q_ids=None, kv_ids=None):
   for b in range(batch):
     for i in range(q_len):
       valid = (kv_ids[b] == q_ids[b, i]) & (kv_ids[b] != 0)
+      if causal:
+        valid &= np.arange(kv_len) <= i
       if not valid.any():
         continue
       for h in range(heads):
@@ -93,6 +97,45 @@ def test_cross_attention_with_own_kv_ids_matches_reference(q_len, kv_len, seed):
       q, k, v, segment_ids=jnp.asarray(q_ids),
       kv_segment_ids=jnp.asarray(kv_ids))
   _assert_close(out, reference_attention(q, k, v, q_ids, kv_ids))
+
+
+@FAST
+@hypothesis.given(batch=st.integers(1, 2), q_len=st.integers(1, 7),
+                  kv_len=st.one_of(st.none(), st.integers(1, 7)),
+                  num_segments=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_causal_attention_matches_reference(batch, q_len, kv_len,
+                                            num_segments, seed):
+  """Causal on top of segment ids (packed, padded anywhere, or none), also
+  with more or fewer keys than queries."""
+  kv_len = q_len if kv_len is None else kv_len
+  rng = np.random.default_rng(seed)
+  q, k, v = _qkv(rng, batch, q_len, kv_len, 2, 4)
+  if num_segments == 0:
+    q_ids = kv_ids = None
+  else:
+    q_ids = rng.integers(0, num_segments + 1, size=(batch, q_len))
+    kv_ids = rng.integers(0, num_segments + 1, size=(batch, kv_len))
+  out = attend(q, k, v, segment_ids=None if q_ids is None else jnp.asarray(
+      q_ids), kv_segment_ids=None if kv_ids is None else jnp.asarray(kv_ids),
+               causal=True)
+  _assert_close(out, reference_attention(q, k, v, q_ids, kv_ids,
+                                         causal=True))
+
+
+def test_causal_follows_jax_is_causal_and_first_row_sees_one_key():
+  """The mask `jax.nn.dot_product_attention(is_causal=True)` applies (the
+  cuDNN path passes it that way), and query 0 sees key 0 alone."""
+  q, k, v = _qkv(np.random.default_rng(9), 2, 6, 6, 2, 8)
+  ids = jnp.asarray([[1, 1, 1, 2, 2, 0], [1] * 6])
+  ours = attend(q, k, v, segment_ids=ids, causal=True)
+  jax_causal = fast_jit(functools.partial(jax.nn.dot_product_attention,
+                                          is_causal=True))
+  theirs = jax_causal(q, k, v, mask=attention.segment_mask(ids, ids))
+  valid = np.asarray(ids != 0)
+  np.testing.assert_allclose(np.asarray(ours)[valid],
+                             np.asarray(theirs)[valid], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ours[:, 0], v[:, 0], rtol=1e-6)
+  np.testing.assert_allclose(ours[0, 3], v[0, 3], rtol=1e-6)  # segment start
 
 
 def test_no_segment_ids_attends_everything_and_auto_is_xla():

@@ -35,16 +35,17 @@ SMALL_BLOCKS = flash_tpu.BlockSizes(128, 128, 128, 128, 128, 128)
 
 
 def _attend_and_grads(q, k, v, q_ids, kv_ids, cotangent, *, impl,
-                      block_sizes=None):
+                      block_sizes=None, causal=False):
   """Output and (dq, dk, dv) of sum(out * cotangent)."""
 
   def attend(q, k, v):
     if impl == "kernel":  # the kernel's own API, with its block sizes
       return flash_tpu.flash_attention(
           q, k, v, q_ids, kv_ids, block_sizes=block_sizes,
-          interpret=flash_tpu.interpret_params())
+          interpret=flash_tpu.interpret_params(), causal=causal)
     return attention.dot_product_attention(
-        q, k, v, segment_ids=q_ids, kv_segment_ids=kv_ids, impl=impl)
+        q, k, v, segment_ids=q_ids, kv_segment_ids=kv_ids, impl=impl,
+        causal=causal)
 
   out, vjp = jax.vjp(attend, q, k, v)
   return (out, *vjp(cotangent.astype(out.dtype)))
@@ -55,7 +56,8 @@ def _attend_and_grads(q, k, v, q_ids, kv_ids, cotangent, *, impl,
 FAST_COMPILE = {"xla_backend_optimization_level": 0,
                 "xla_cpu_use_fusion_emitters": False,
                 "xla_llvm_disable_expensive_passes": True}
-run = jax.jit(_attend_and_grads, static_argnames=("impl", "block_sizes"),
+run = jax.jit(_attend_and_grads,
+              static_argnames=("impl", "block_sizes", "causal"),
               compiler_options=FAST_COMPILE)
 
 
@@ -85,7 +87,8 @@ def _check_parity(q, k, v, q_ids, kv_ids, cotangent, out_tol, grad_tol,
   kv_ids = None if kv_ids is None else jnp.asarray(kv_ids, jnp.int32)
   got = run(q, k, v, q_ids, kv_ids, cotangent, **kernel_kwargs)
   f32 = [t.astype(jnp.float32) for t in (q, k, v, cotangent)]
-  want = run(*f32[:3], q_ids, kv_ids, f32[3], impl="xla")
+  want = run(*f32[:3], q_ids, kv_ids, f32[3], impl="xla",
+             causal=kernel_kwargs.get("causal", False))
   assert got[0].shape == q.shape and got[0].dtype == q.dtype
   for name, g in zip(("dq", "dk", "dv"), got[1:]):
     assert g.dtype == q.dtype, name
@@ -274,6 +277,92 @@ def test_auto_resolution_per_backend(caplog):
     choose("pallas", *f32, False, "METAL")
 
 
+# Causal masking: the kernels skip key blocks entirely after the query block
+# (and do not fetch them); the tile on the diagonal is masked inside.
+CAUSAL_CASES = {
+    # Padding, three packed sequences and a row with a padded middle,
+    # square 128 blocks (3 x 3 pairs, 3 skipped).
+    "packed": dict(batch=2, q_len=300, kv_len=300, ids=np.asarray(
+        [[1] * 100 + [2] * 120 + [3] * 50 + [0] * 30,
+         [1] * 60 + [0] * 40 + [1] * 150 + [2] * 50]), sizes=SMALL_BLOCKS),
+    # No ids and whole blocks (causal is the only mask); query blocks of 256
+    # against key blocks of 128 and the reverse.
+    "uneven": dict(batch=1, q_len=512, kv_len=512, ids=None,
+                   sizes=flash_tpu.BlockSizes(256, 128, 128, 256, 256, 128)),
+}
+
+
+@pytest.mark.parametrize("name", list(CAUSAL_CASES))
+def test_causal_float32_matches_xla(name):
+  case = CAUSAL_CASES[name]
+  q, k, v, cotangent = _inputs(6, case["batch"], case["q_len"],
+                               case["kv_len"], 1, 64, scale=1.5)
+  _check_parity(q, k, v, case["ids"], case["ids"], cotangent, 1e-5, 1e-4,
+                impl="kernel", block_sizes=case["sizes"], causal=True)
+
+
+def test_causal_bfloat16_close_to_float32_reference():
+  ids = CAUSAL_CASES["packed"]["ids"][:1]  # the packed and padded row
+  q, k, v, cotangent = _inputs(7, 1, 300, 300, 1, 64, dtype=jnp.bfloat16)
+  _check_parity(q, k, v, ids, ids, cotangent, 2e-2, 2e-2, impl="kernel",
+                block_sizes=SMALL_BLOCKS, causal=True)
+
+
+def test_causal_padding_rows_are_zeros_through_the_entry_point():
+  """impl="pallas", causal: an all-padding row and padding positions are
+  exact zeros in the output and every gradient, never NaN."""
+  ids = np.asarray([[0] * 200, [1] * 90 + [2] * 70 + [0] * 40])
+  q, k, v, cotangent = _inputs(8, 2, 200, 200, 1, 64, scale=30.0)
+  got = run(q, k, v, jnp.asarray(ids), None, cotangent, impl="pallas",
+            causal=True)
+  for g in got:
+    g = np.asarray(g)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_array_equal(g[0], 0.0)
+    np.testing.assert_array_equal(g[1, 160:], 0.0)
+  assert np.abs(np.asarray(got[0][1, :160])).min() > 0
+
+
+def test_causal_kernels_skip_key_blocks_after_the_queries():
+  """Keys 128.. follow every query (128 of them), so no kernel may touch
+  their blocks: NaN there would reach the output, dq and dk/dv of any step
+  that computed them (masking zeroes P, not P's NaN partners)."""
+  q, k, v, cotangent = _inputs(9, 1, 128, 384, 1, 64)
+  k = k.at[:, 128:].set(jnp.nan)
+  v = v.at[:, 128:].set(jnp.nan)
+  out, dq, dk, dv = run(q, k, v, None, None, cotangent, impl="kernel",
+                        block_sizes=SMALL_BLOCKS, causal=True)
+  want = run(q, k[:, :128], v[:, :128], None, None, cotangent, impl="xla",
+             causal=True)
+  assert _rel_err(out, want[0]) <= 1e-5
+  assert _rel_err(dq, want[1]) <= 1e-4
+  assert _rel_err(dk[:, :128], want[2]) <= 1e-4
+  assert _rel_err(dv[:, :128], want[3]) <= 1e-4
+  np.testing.assert_array_equal(dk[:, 128:], 0.0)
+  np.testing.assert_array_equal(dv[:, 128:], 0.0)
+
+
+def test_causal_calls_on_gpu_go_to_cudnn_and_log_once(caplog):
+  """The Mosaic GPU kernel has no causal masking: impl="pallas" hands causal
+  GPU calls to cuDNN (xla where cuDNN cannot take them), logged once; the
+  TPU kernel takes them."""
+  choose = attention._choose  # pylint: disable=protected-access
+  attention._log_once.cache_clear()  # pylint: disable=protected-access
+  bf16 = [jnp.zeros((1, 8, 2, 64), jnp.bfloat16)] * 3
+  f32 = [t.astype(jnp.float32) for t in bf16]
+  with caplog.at_level(logging.WARNING, logger=attention.__name__):
+    assert choose("pallas", *bf16, False, "gpu", True) == "cudnn"
+    assert choose("pallas", *bf16, False, "gpu", True) == "cudnn"
+    assert choose("pallas", *f32, False, "gpu", True) == "xla"
+    assert choose("auto", *bf16, False, "gpu", True) == "cudnn"
+    assert choose("pallas", *f32, False, "tpu", True) == "pallas"
+    assert choose("auto", *f32, False, "tpu", True) == "pallas"
+  messages = [r.getMessage() for r in caplog.records]
+  assert len(messages) == 2, messages
+  assert all("no causal masking" in m for m in messages)
+  assert "float16/bfloat16, not float32" in messages[1]
+
+
 @pytest.mark.parametrize("block, length, expected", [
     (512, 128, 128), (512, 384, 384), (512, 640, 128), (512, 1024, 512),
     (256, 768, 256), (384, 768, 384), (512, 768, 384), (128, 8192, 128)])
@@ -299,16 +388,24 @@ def test_kernel_refuses_unsupported_inputs():
     flash_tpu.flash_attention(q, q, q.astype(jnp.bfloat16))
 
 
-@pytest.mark.parametrize("masked, dtype", [(True, jnp.bfloat16),
-                                           (False, jnp.float32)])
-def test_kernels_lower_to_mosaic_for_tpu(masked, dtype):
+# Causal: query and key blocks of different sizes, so the skipped pairs
+# and the clamped block indices are not the square-block special case.
+UNEVEN_BLOCKS = flash_tpu.BlockSizes(256, 512, 512, 256, 256, 512)
+
+
+@pytest.mark.parametrize("masked, dtype, causal", [
+    (True, jnp.bfloat16, False), (False, jnp.float32, False),
+    (True, jnp.float32, True), (False, jnp.bfloat16, True)])
+def test_kernels_lower_to_mosaic_for_tpu(masked, dtype, causal):
   """Pallas → Mosaic lowering for a real TPU (no TPU needed): catches block
   shapes and ops Mosaic refuses, which interpret mode does not check."""
   q = jax.ShapeDtypeStruct((2, 1024, 2, 128 if masked else 64), dtype)
   ids = jax.ShapeDtypeStruct((2, 1024), jnp.int32) if masked else None
 
   def loss(q, k, v, ids):
-    out = flash_tpu.flash_attention(q, k, v, ids)
+    out = flash_tpu.flash_attention(
+        q, k, v, ids, block_sizes=UNEVEN_BLOCKS if causal else None,
+        causal=causal)
     return jnp.sum(out.astype(jnp.float32) ** 2)
 
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))

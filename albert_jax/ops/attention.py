@@ -5,7 +5,11 @@ kernel can be swapped in by name (`model.attention_impl`) without touching the
 model. Masking is expressed with segment ids rather than an additive mask:
 id 0 is padding, and a query attends to the keys that carry its own id. That
 one convention covers padded batches and packed sequences alike, and it is the
-form flash kernels take.
+form flash kernels take. `causal=True` (GPT-style left-to-right models) also
+hides every key after the query: key j is seen by query i only if j <= i,
+counted from the start of the row, as `jax.nn.dot_product_attention`'s
+`is_causal` does. Packed sequences stay causal within themselves, since their
+tokens are contiguous.
 
 Implementations:
   xla     the reference: einsum, softmax, einsum; the only one with dropout.
@@ -16,10 +20,12 @@ Implementations:
   auto    pallas on TPU, cudnn on GPU, xla on CPU, each where it takes the
           inputs (else xla).
 A kernel without dropout hands a call with active dropout to xla, and says
-so once in the log. Under a multi-device mesh (`jax.set_mesh`) a Pallas
-kernel runs per device on its share of the batch and heads (`shard_map`);
-interpret mode on CPU needs a one-device mesh. The kernel modules import
-lazily: importing the model does not import Pallas.
+so once in the log; likewise the Mosaic GPU kernel, which has no causal
+masking, hands causal calls to cudnn (or xla where cuDNN cannot take them).
+Under a multi-device mesh (`jax.set_mesh`) a Pallas kernel runs per device
+on its share of the batch and heads (`shard_map`); interpret mode on CPU
+needs a one-device mesh. The kernel modules import lazily: importing the
+model does not import Pallas.
 """
 
 from __future__ import annotations
@@ -65,6 +71,14 @@ def segment_mask(q_segment_ids: jax.Array,
   return ((q == kv) & (kv != 0))[:, None, :, :]
 
 
+def causal_mask(q_len: int, kv_len: int) -> jax.Array:
+  """[1, 1, q_len, kv_len] bool, True where key j <= query i (the diagonal
+  starts at the top-left corner, as in `jax.nn.dot_product_attention`)."""
+  rows = jnp.arange(q_len)[:, None]
+  cols = jnp.arange(kv_len)[None, :]
+  return (cols <= rows)[None, None]
+
+
 def _check_shapes(q, k, v, segment_ids, kv_segment_ids):
   """Refuses mismatched inputs with a message naming every shape."""
   shapes = f"got q {q.shape}, k {k.shape}, v {v.shape}"
@@ -108,11 +122,13 @@ def _xla_attention(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
-def _cudnn_attention(q, k, v, mask):
-  out = jax.nn.dot_product_attention(q, k, v, mask=mask,
+def _cudnn_attention(q, k, v, mask, causal):
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                      implementation="cudnn")
   if mask is not None:
     # cuDNN leaves rows with no valid key undefined; the contract is zeros.
+    if causal:
+      mask = mask & causal_mask(q.shape[1], k.shape[1])
     row_valid = jnp.any(mask, axis=-1)[:, 0, :, None, None]
     out = jnp.where(row_valid, out, 0)
   return out
@@ -177,7 +193,8 @@ def _log_once(message: str) -> None:
   logger.warning(message)
 
 
-def _choose(impl: str, q, k, v, use_dropout: bool, backend: str) -> str:
+def _choose(impl: str, q, k, v, use_dropout: bool, backend: str,
+            causal: bool = False) -> str:
   """Resolves `impl` to the path that runs: "xla", "pallas" or "cudnn"."""
   if impl == "auto":
     if backend == "tpu":
@@ -192,6 +209,14 @@ def _choose(impl: str, q, k, v, use_dropout: bool, backend: str) -> str:
       _log_once(f"attention impl='auto' on {backend}: using xla, because "
                 f"{reason}.")
       return "xla"
+  elif impl == "pallas" and causal and backend == "gpu":
+    # The Hopper kernel has no causal variant (it streams every key block);
+    # cuDNN's causal flash attention skips the blocks above the diagonal.
+    reason = _cudnn_unsupported(q)
+    chosen = "xla" if reason else "cudnn"
+    _log_once("attention: the Mosaic GPU kernel has no causal masking, so "
+              f"causal calls run on {chosen}"
+              + (f", because {reason}." if reason else "."))
   elif impl == "pallas":
     reason = _kernel_module(backend).check_supported(q, k, v)
     if reason:
@@ -218,6 +243,7 @@ def dot_product_attention(
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
     impl: str = "auto",
+    causal: bool = False,
 ) -> jax.Array:
   """Multi-head attention softmax(q kᵀ / √d) v with segment masking.
 
@@ -236,6 +262,8 @@ def dot_product_attention(
       refuses inputs its kernel cannot take (head_dim, dtype) with a
       ValueError; "auto" runs those on xla. Any kernel hands calls with
       active dropout to xla.
+    causal: also mask every key after the query (key j > query i), for
+      left-to-right models.
 
   Returns:
     [batch, q_len, heads, head_dim] in q's dtype. Query rows whose segment id
@@ -254,10 +282,11 @@ def dot_product_attention(
   if use_dropout and dropout_rng is None:
     raise ValueError("Attention dropout needs dropout_rng.")
   backend = jax.default_backend()
-  chosen = _choose(impl, q, k, v, use_dropout, backend)
+  chosen = _choose(impl, q, k, v, use_dropout, backend, causal)
   if chosen == "pallas":
     module = _kernel_module(backend)
-    kwargs = {}
+    # Only the TPU kernel takes `causal` (GPU causal calls went to cudnn).
+    kwargs = {"causal": True} if causal else {}
     if backend == "cpu":
       if jax.sharding.get_abstract_mesh().size > 1:
         # Its host callbacks and the CPU collectives wait on each other.
@@ -273,8 +302,11 @@ def dot_product_attention(
   if segment_ids is not None:
     mask = segment_mask(segment_ids, kv_segment_ids)
   if chosen == "cudnn":
-    out = _cudnn_attention(q, k, v, mask)
+    out = _cudnn_attention(q, k, v, mask, causal)
   else:
+    if causal:
+      tril = causal_mask(q.shape[1], k.shape[1])
+      mask = tril if mask is None else mask & tril
     out = _xla_attention(q, k, v, mask, dropout_rate, dropout_rng,
                          deterministic)
   return out.astype(q.dtype)

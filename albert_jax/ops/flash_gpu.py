@@ -43,12 +43,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from albert_jax.ops import flash_gpu_bwd
+from albert_jax.ops.flash_common import padded_segment_ids
 from albert_jax.ops.flash_gpu_common import LOG2E
 from albert_jax.ops.flash_gpu_common import MASK_VALUE
 from albert_jax.ops.flash_gpu_common import Static
 from albert_jax.ops.flash_gpu_common import compiler_params
 from albert_jax.ops.flash_gpu_common import mma
 from albert_jax.ops.flash_gpu_common import pair_mask
+from albert_jax.ops.flash_gpu_common import row_spec
+from albert_jax.ops.flash_gpu_common import vector_spec
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -154,25 +157,17 @@ def flash_attention(
   batch, q_len, _, head_dim = q.shape
   kv_len = k.shape[1]
   sizes = block_sizes or BlockSizes()
-  if kv_segment_ids is None:
-    kv_segment_ids = q_segment_ids
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError("Give segment ids for both queries and keys or neither.")
   multiple = sizes.padding_multiple()
   q_pad, kv_pad = -q_len % multiple, -kv_len % multiple
-  masked = q_segment_ids is not None or q_pad or kv_pad
-  if q_segment_ids is None:
-    q_segment_ids = jnp.ones((batch, q_len), jnp.int32)
-    kv_segment_ids = jnp.ones((batch, kv_len), jnp.int32)
-  q_ids = jnp.pad(q_segment_ids.astype(jnp.int32), ((0, 0), (0, q_pad)))
-  kv_ids = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, kv_pad)))
+  ids = padded_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len,
+                           kv_len, q_pad, kv_pad)
 
   def pad(x, amount):
     return jnp.pad(x, ((0, 0), (0, amount), (0, 0), (0, 0)))
 
-  static = Static(scale=1.0 / math.sqrt(head_dim), masked=bool(masked),
+  static = Static(scale=1.0 / math.sqrt(head_dim), masked=ids.masked,
                   sizes=sizes)
-  out = _flash(pad(q, q_pad), pad(k, kv_pad), pad(v, kv_pad), q_ids, kv_ids,
+  out = _flash(pad(q, q_pad), pad(k, kv_pad), pad(v, kv_pad), ids.q, ids.kv,
                static)
   return out[:, :q_len]
 
@@ -299,12 +294,10 @@ def _forward(q, k, v, q_ids, kv_ids, static: Static):
       plgpu.barrier_arrive(v_done)
       return _FwdCarry(acc, m, l, carry.q_ids)
 
-    specs = [plgpu.BlockSpec(block_shape=(block_kv, head_dim),
-                             index_map=lambda j: (j, 0))] * 2
+    specs = [row_spec(block_kv, head_dim)] * 2
     operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
     if static.masked:
-      specs.append(plgpu.BlockSpec(block_shape=(block_kv,),
-                                   index_map=lambda j: (j,)))
+      specs.append(vector_spec(block_kv))
       operands.append(kv_ids_ref.at[b])
     pipeline = plgpu.emit_pipeline_warp_specialized(
         kv_step, grid=(kv_steps,),

@@ -24,17 +24,10 @@ from albert_jax.ops.flash_gpu_common import compiler_params
 from albert_jax.ops.flash_gpu_common import matmul
 from albert_jax.ops.flash_gpu_common import mma
 from albert_jax.ops.flash_gpu_common import pair_mask
+from albert_jax.ops.flash_gpu_common import row_spec
+from albert_jax.ops.flash_gpu_common import vector_spec
 
 _MEMORY_REGISTERS = 40
-
-
-def _row_spec(block, head_dim):
-  return plgpu.BlockSpec(block_shape=(block, head_dim),
-                         index_map=lambda i: (i, 0))
-
-
-def _vector_spec(block):
-  return plgpu.BlockSpec(block_shape=(block,), index_map=lambda i: (i,))
 
 
 def _load_all(copies, barriers):
@@ -119,10 +112,10 @@ def dq(q, k, v, q_ids, kv_ids, d_out, lse, delta, static: Static):
       plgpu.barrier_arrive(k_done)
       return carry._replace(acc=acc)
 
-    specs = [_row_spec(block_kv, head_dim)] * 2
+    specs = [row_spec(block_kv, head_dim)] * 2
     operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
     if static.masked:
-      specs.append(_vector_spec(block_kv))
+      specs.append(vector_spec(block_kv))
       operands.append(kv_ids_ref.at[b])
     pipeline = plgpu.emit_pipeline_warp_specialized(
         kv_step, grid=(kv_steps,),
@@ -219,11 +212,11 @@ def dkv(q, k, v, q_ids, kv_ids, d_out, lse, delta,
       plgpu.barrier_arrive(q_done)
       return carry._replace(dk=dk, dv=dv)
 
-    specs = [_row_spec(block_q, head_dim)] * 2 + [_vector_spec(block_q)] * 2
+    specs = [row_spec(block_q, head_dim)] * 2 + [vector_spec(block_q)] * 2
     operands = [q_ref.at[b, :, h, :], do_ref.at[b, :, h, :], lse_ref.at[b, h],
                 delta_ref.at[b, h]]
     if static.masked:
-      specs.append(_vector_spec(block_q))
+      specs.append(vector_spec(block_q))
       operands.append(q_ids_ref.at[b])
     pipeline = plgpu.emit_pipeline_warp_specialized(
         q_step, grid=(q_steps,),

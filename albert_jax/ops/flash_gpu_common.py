@@ -23,6 +23,17 @@ class Static(NamedTuple):
   sizes: Any  # flash_gpu.BlockSizes
 
 
+def row_spec(block: int, head_dim: int) -> plgpu.BlockSpec:
+  """Pipeline spec of [length, head_dim] rows, `block` rows per step."""
+  return plgpu.BlockSpec(block_shape=(block, head_dim),
+                         index_map=lambda i: (i, 0))
+
+
+def vector_spec(block: int) -> plgpu.BlockSpec:
+  """Pipeline spec of a [length] vector (ids, lse, delta) per step."""
+  return plgpu.BlockSpec(block_shape=(block,), index_map=lambda i: (i,))
+
+
 def compiler_params() -> plgpu.CompilerParams:
   # Warpgroup semantics: Mosaic GPU infers register layouts and shared-memory
   # tilings/swizzles, as in the upstream pipeline-emitter kernel.

@@ -13,11 +13,14 @@ last two dimensions tile onto the TPU's (sublane, lane) grid) and calls a
            needs a transpose.
 
 Masking follows `albert_jax.ops.attention`: a query attends the keys that
-carry its own non-zero segment id. Probabilities of masked pairs are set to
-exactly 0 after the exponential, so a row that sees no key has a zero
-normaliser; its output and every gradient through it are zeros, not NaN.
-Block pairs whose ranges of segment ids cannot meet (padding blocks, other
-packed sequences) skip their compute.
+carry its own non-zero segment id, and with `causal=True` only those at or
+before its own position. Probabilities of masked pairs are set to exactly 0
+after the exponential, so a row that sees no key has a zero normaliser; its
+output and every gradient through it are zeros, not NaN. Block pairs whose
+ranges of segment ids cannot meet (padding blocks, other packed sequences)
+skip their compute, and so, under causal masking, do key blocks entirely
+after the query block: about half of all pairs, whose tiles are not even
+copied in (see `flash_tpu_common.Walk`).
 
 On CPU the same kernels run in TPU interpret mode (`interpret=` a
 `pltpu.InterpretParams`), which is how they are tested.
@@ -37,16 +40,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from albert_jax.ops import flash_tpu_bwd
+from albert_jax.ops.flash_common import padded_segment_ids
 from albert_jax.ops.flash_tpu_common import LANES
 from albert_jax.ops.flash_tpu_common import MASK_VALUE
 from albert_jax.ops.flash_tpu_common import NT_DIMS
 from albert_jax.ops.flash_tpu_common import Static
-from albert_jax.ops.flash_tpu_common import block_ranges
-from albert_jax.ops.flash_tpu_common import blocks_meet
+from albert_jax.ops.flash_tpu_common import Walk
 from albert_jax.ops.flash_tpu_common import lanes
-from albert_jax.ops.flash_tpu_common import lane_layout
-from albert_jax.ops.flash_tpu_common import segment_mask
-from albert_jax.ops.flash_tpu_common import sublane_layout
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
@@ -133,6 +133,7 @@ def flash_attention(
     *,
     block_sizes: BlockSizes | None = None,
     interpret: pltpu.InterpretParams | None = None,
+    causal: bool = False,
 ) -> jax.Array:
   """softmax(q kᵀ / √head_dim) v with segment masking, as Pallas TPU kernels.
 
@@ -146,6 +147,9 @@ def flash_attention(
     block_sizes: tile sizes; None = `BlockSizes()`.
     interpret: None compiles for TPU; a `pltpu.InterpretParams` runs the
       kernels in TPU interpret mode (on CPU).
+    causal: also mask every key after the query (key j > query i, from the
+      start of the row); skips the key blocks entirely after each query
+      block.
 
   Returns:
     [batch, q_len, heads, head_dim] in q's dtype; rows whose query sees no
@@ -156,19 +160,10 @@ def flash_attention(
     raise ValueError(reason[0].upper() + reason[1:] + ".")
   batch, q_len, _, head_dim = q.shape
   kv_len = k.shape[1]
-  if kv_segment_ids is None:
-    kv_segment_ids = q_segment_ids
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError("Give segment ids for both queries and keys or neither.")
   q_pad = -q_len % LANES
   kv_pad = -kv_len % LANES
-  # Without ids and padding no pair is masked: the kernels drop the mask.
-  masked = q_segment_ids is not None or q_pad or kv_pad
-  if q_segment_ids is None:
-    q_segment_ids = jnp.ones((batch, q_len), jnp.int32)
-    kv_segment_ids = jnp.ones((batch, kv_len), jnp.int32)
-  q_ids = jnp.pad(q_segment_ids.astype(jnp.int32), ((0, 0), (0, q_pad)))
-  kv_ids = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, kv_pad)))
+  ids = padded_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len,
+                           kv_len, q_pad, kv_pad)
 
   def to_kernel_layout(x, pad):  # [B, T, H, D] → [B, H, T + pad, D]
     return jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
@@ -181,9 +176,9 @@ def flash_attention(
   blocks = _Blocks(_fit(sizes.block_q, lq), _fit(sizes.block_kv, lk),
                    _fit(sizes.block_q_dq, lq), _fit(sizes.block_kv_dq, lk),
                    _fit(sizes.block_q_dkv, lq), _fit(sizes.block_kv_dkv, lk))
-  static = Static(scale=1.0 / math.sqrt(head_dim), masked=bool(masked),
-                  blocks=blocks, interpret=interpret)
-  out = _flash(qt, kt, vt, q_ids, kv_ids, static)
+  static = Static(scale=1.0 / math.sqrt(head_dim), masked=ids.masked,
+                  blocks=blocks, interpret=interpret, causal=bool(causal))
+  out = _flash(qt, kt, vt, ids.q, ids.kv, static)
   return out.transpose(0, 2, 1, 3)[:, :q_len]
 
 
@@ -211,15 +206,11 @@ def _flash_bwd(static, residuals, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _forward_kernel(*refs, static: Static, num_q_blocks: int,
-                    num_kv_blocks: int):
+def _forward_kernel(*refs, walk: Walk):
   """One (batch, head, q block, kv block) step of the online softmax."""
-  if static.masked:
-    (q_lo, q_hi, kv_lo, kv_hi, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref,
-     o_ref, lse_ref, m_scratch, l_scratch, acc_scratch) = refs
-  else:
-    q_ref, k_ref, v_ref, o_ref, lse_ref, m_scratch, l_scratch, acc_scratch = (
-        refs)
+  r = walk.refs(refs, 3)
+  q_ref, k_ref, v_ref = r.inputs
+  o_ref, lse_ref, m_scratch, l_scratch, acc_scratch = r.rest
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   head_dim = q_ref.shape[-1]
 
@@ -231,15 +222,15 @@ def _forward_kernel(*refs, static: Static, num_q_blocks: int,
 
   def step():
     s = lax.dot_general(q_ref[...], k_ref[...], NT_DIMS,
-                        preferred_element_type=jnp.float32) * static.scale
+                        preferred_element_type=jnp.float32) * walk.static.scale
     block_kv = s.shape[1]
-    if static.masked:
-      mask = segment_mask(q_ids_ref[...], kv_ids_ref[:1, :], block_kv)
+    mask = walk.tile_mask(r, i, j, s.shape)
+    if mask is not None:
       s = jnp.where(mask, s, MASK_VALUE)
     m_prev = m_scratch[...]  # [block_q, LANES], equal across lanes
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     p = jnp.exp(s - lanes(m_next, block_kv))
-    if static.masked:
+    if mask is not None:
       # A row with no valid key so far has m_next = MASK_VALUE and p = 1 on
       # its masked pairs; zeroing them keeps its normaliser at exactly 0.
       p = jnp.where(mask, p, 0.0)
@@ -250,13 +241,9 @@ def _forward_kernel(*refs, static: Static, num_q_blocks: int,
     acc_scratch[...] = acc_scratch[...] * lanes(alpha, head_dim) + lax.dot(
         p.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
-  if static.masked:
-    pl.when(blocks_meet(q_lo, q_hi, kv_lo, kv_hi, b * num_q_blocks + i,
-                        b * num_kv_blocks + j))(step)
-  else:
-    step()
+  walk.run(step, r, b, i, j)
 
-  @pl.when(j == num_kv_blocks - 1)
+  @pl.when(j == walk.num_kv - 1)
   def _finish():
     l = l_scratch[...]
     seen = l > 0.0
@@ -273,40 +260,23 @@ def _forward(q, k, v, q_ids, kv_ids, static: Static):
   batch, heads, q_len, head_dim = q.shape
   kv_len = k.shape[2]
   block_q, block_kv = static.blocks.q, static.blocks.kv
-  grid = (batch, heads, q_len // block_q, kv_len // block_kv)
-
-  def q_map(b, h, i, j, *_):
-    return b, h, i, 0
-
-  def kv_map(b, h, i, j, *_):
-    return b, h, j, 0
-
-  in_specs = [pl.BlockSpec((None, None, block_q, head_dim), q_map),
-              pl.BlockSpec((None, None, block_kv, head_dim), kv_map),
-              pl.BlockSpec((None, None, block_kv, head_dim), kv_map)]
-  args = [q, k, v]
-  prefetch = []
-  if static.masked:
-    in_specs += [
-        pl.BlockSpec((None, block_q, LANES), lambda b, h, i, j, *_: (b, i, 0)),
-        pl.BlockSpec((None, 8, block_kv), lambda b, h, i, j, *_: (b, 0, j))]
-    args += [lane_layout(q_ids), sublane_layout(kv_ids)]
-    prefetch = [*block_ranges(q_ids, block_q), *block_ranges(kv_ids, block_kv)]
-  out_specs = [pl.BlockSpec((None, None, block_q, head_dim), q_map),
-               pl.BlockSpec((None, None, block_q, LANES), q_map)]
+  walk = Walk(static, block_q, block_kv, q_len // block_q, kv_len // block_kv)
+  prefetch, id_specs, id_args = walk.segment_inputs(q_ids, kv_ids)
+  in_specs = [walk.q_spec(head_dim), walk.kv_spec(head_dim),
+              walk.kv_spec(head_dim), *id_specs]
+  out_specs = [walk.q_spec(head_dim), walk.q_spec(LANES)]
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct((batch, heads, q_len, LANES), jnp.float32)]
   itemsize = q.dtype.itemsize
+  pairs = batch * heads * q_len * kv_len * walk.work_fraction
   cost = pl.CostEstimate(
-      flops=4 * batch * heads * q_len * kv_len * head_dim,
-      transcendentals=batch * heads * q_len * kv_len,
-      bytes_accessed=itemsize * (2 * q.size + k.size * grid[2] * 2))
+      flops=int(4 * pairs * head_dim), transcendentals=int(pairs),
+      bytes_accessed=itemsize * (2 * q.size + k.size * walk.num_q * 2))
   out, lse = pl.pallas_call(
-      functools.partial(_forward_kernel, static=static,
-                        num_q_blocks=grid[2], num_kv_blocks=grid[3]),
+      functools.partial(_forward_kernel, walk=walk),
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=len(prefetch), grid=grid, in_specs=in_specs,
-          out_specs=out_specs,
+          num_scalar_prefetch=len(prefetch), grid=walk.grid(batch, heads),
+          in_specs=in_specs, out_specs=out_specs,
           scratch_shapes=[pltpu.VMEM((block_q, LANES), jnp.float32),
                           pltpu.VMEM((block_q, LANES), jnp.float32),
                           pltpu.VMEM((block_q, head_dim), jnp.float32)]),
@@ -317,7 +287,7 @@ def _forward(q, k, v, q_ids, kv_ids, static: Static):
       cost_estimate=cost,
       interpret=static.interpret or False,
       name="albert_flash_fwd",
-  )(*prefetch, *args)
+  )(*prefetch, q, k, v, *id_args)
   return out, lse[..., 0]
 
 

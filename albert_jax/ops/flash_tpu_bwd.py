@@ -5,7 +5,9 @@ storing them: P = exp(s - lse), masked to exactly 0 off-segment, and
 dS = P ∘ (dO vᵀ - di) with di = rowsum(dO ∘ O). dq sums dS k over key
 blocks; dk and dv sum dSᵀ q and Pᵀ dO over query blocks. Splitting them
 keeps each accumulator in VMEM scratch for a whole reduction and needs no
-atomics: every output block is owned by one grid step sequence.
+atomics: every output block is owned by one grid step sequence. Under causal
+masking both skip the block pairs the forward skips, keys entirely after
+the queries (see `flash_tpu_common.Walk`).
 """
 
 from __future__ import annotations
@@ -20,25 +22,20 @@ from jax.experimental.pallas import tpu as pltpu
 
 from albert_jax.ops.flash_tpu_common import LANES
 from albert_jax.ops.flash_tpu_common import NT_DIMS
-from albert_jax.ops.flash_tpu_common import SUBLANES
 from albert_jax.ops.flash_tpu_common import Static
-from albert_jax.ops.flash_tpu_common import block_ranges
-from albert_jax.ops.flash_tpu_common import blocks_meet
+from albert_jax.ops.flash_tpu_common import Walk
 from albert_jax.ops.flash_tpu_common import lane_layout
 from albert_jax.ops.flash_tpu_common import lanes
-from albert_jax.ops.flash_tpu_common import segment_mask
 from albert_jax.ops.flash_tpu_common import sublane_layout
 
 _SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
 
 
-def _dq_kernel(*refs, static: Static, num_q_blocks: int, num_kv_blocks: int):
+def _dq_kernel(*refs, walk: Walk):
   """Grid (batch, head, q block, kv block): dq of one q block."""
-  if static.masked:
-    (q_lo, q_hi, kv_lo, kv_hi, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref,
-     q_ids_ref, kv_ids_ref, dq_ref, acc) = refs
-  else:
-    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, acc = refs
+  r = walk.refs(refs, 6)
+  q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref = r.inputs
+  dq_ref, acc = r.rest
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
   @pl.when(j == 0)
@@ -48,27 +45,23 @@ def _dq_kernel(*refs, static: Static, num_q_blocks: int, num_kv_blocks: int):
   def step():
     k = k_ref[...]
     s = lax.dot_general(q_ref[...], k, NT_DIMS,
-                        preferred_element_type=jnp.float32) * static.scale
+                        preferred_element_type=jnp.float32) * walk.static.scale
     block_kv = s.shape[1]
     p = jnp.exp(s - lanes(lse_ref[...], block_kv))
-    if static.masked:
-      p = jnp.where(segment_mask(q_ids_ref[...], kv_ids_ref[:1, :], block_kv),
-                    p, 0.0)
+    mask = walk.tile_mask(r, i, j, s.shape)
+    if mask is not None:
+      p = jnp.where(mask, p, 0.0)
     dp = lax.dot_general(do_ref[...], v_ref[...], NT_DIMS,
                          preferred_element_type=jnp.float32)
     ds = p * (dp - lanes(di_ref[...], block_kv))
     acc[...] += lax.dot(ds.astype(k.dtype), k,
                         preferred_element_type=jnp.float32)
 
-  if static.masked:
-    pl.when(blocks_meet(q_lo, q_hi, kv_lo, kv_hi, b * num_q_blocks + i,
-                        b * num_kv_blocks + j))(step)
-  else:
-    step()
+  walk.run(step, r, b, i, j)
 
-  @pl.when(j == num_kv_blocks - 1)
+  @pl.when(j == walk.num_kv - 1)
   def _finish():
-    dq_ref[...] = (acc[...] * static.scale).astype(dq_ref.dtype)
+    dq_ref[...] = (acc[...] * walk.static.scale).astype(dq_ref.dtype)
 
 
 def dq(q, k, v, q_ids, kv_ids, d_out, lse, di, static: Static) -> jax.Array:
@@ -91,37 +84,21 @@ def dq(q, k, v, q_ids, kv_ids, d_out, lse, di, static: Static) -> jax.Array:
   batch, heads, q_len, head_dim = q.shape
   kv_len = k.shape[2]
   block_q, block_kv = static.blocks.q_dq, static.blocks.kv_dq
-  grid = (batch, heads, q_len // block_q, kv_len // block_kv)
-
-  def q_map(b, h, i, j, *_):
-    return b, h, i, 0
-
-  def kv_map(b, h, i, j, *_):
-    return b, h, j, 0
-
-  q_spec = pl.BlockSpec((None, None, block_q, head_dim), q_map)
-  kv_spec = pl.BlockSpec((None, None, block_kv, head_dim), kv_map)
-  row_spec = pl.BlockSpec((None, None, block_q, LANES), q_map)
-  in_specs = [q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec]
-  args = [q, k, v, d_out, lane_layout(lse), lane_layout(di)]
-  prefetch = []
-  if static.masked:
-    in_specs += [
-        pl.BlockSpec((None, block_q, LANES), lambda b, h, i, j, *_: (b, i, 0)),
-        pl.BlockSpec((None, SUBLANES, block_kv),
-                     lambda b, h, i, j, *_: (b, 0, j))]
-    args += [lane_layout(q_ids), sublane_layout(kv_ids)]
-    prefetch = [*block_ranges(q_ids, block_q), *block_ranges(kv_ids, block_kv)]
+  walk = Walk(static, block_q, block_kv, q_len // block_q, kv_len // block_kv)
+  prefetch, id_specs, id_args = walk.segment_inputs(q_ids, kv_ids)
+  q_spec, kv_spec, row_spec = (walk.q_spec(head_dim), walk.kv_spec(head_dim),
+                               walk.q_spec(LANES))
+  in_specs = [q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *id_specs]
+  args = [q, k, v, d_out, lane_layout(lse), lane_layout(di), *id_args]
+  pairs = batch * heads * q_len * kv_len * walk.work_fraction
   cost = pl.CostEstimate(
-      flops=6 * batch * heads * q_len * kv_len * head_dim,
-      transcendentals=batch * heads * q_len * kv_len,
-      bytes_accessed=q.dtype.itemsize * (3 * q.size + 2 * k.size * grid[2]))
+      flops=int(6 * pairs * head_dim), transcendentals=int(pairs),
+      bytes_accessed=q.dtype.itemsize * (3 * q.size + 2 * k.size * walk.num_q))
   return pl.pallas_call(
-      functools.partial(_dq_kernel, static=static, num_q_blocks=grid[2],
-                        num_kv_blocks=grid[3]),
+      functools.partial(_dq_kernel, walk=walk),
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=len(prefetch), grid=grid, in_specs=in_specs,
-          out_specs=q_spec,
+          num_scalar_prefetch=len(prefetch), grid=walk.grid(batch, heads),
+          in_specs=in_specs, out_specs=q_spec,
           scratch_shapes=[pltpu.VMEM((block_q, head_dim), jnp.float32)]),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=pltpu.CompilerParams(dimension_semantics=_SEMANTICS),
@@ -131,19 +108,16 @@ def dq(q, k, v, q_ids, kv_ids, d_out, lse, di, static: Static) -> jax.Array:
   )(*prefetch, *args)
 
 
-def _dkv_kernel(*refs, static: Static, num_q_blocks: int, num_kv_blocks: int):
+def _dkv_kernel(*refs, walk: Walk):
   """Grid (batch, head, kv block, q block): dk, dv of one kv block.
 
   Works on the transposed scores sᵀ = k qᵀ [block_kv, block_q] so that
   Pᵀ dO and dSᵀ q are plain matmuls; per-query values come in sublane
   layout [SUBLANES, block_q] and broadcast down the rows.
   """
-  if static.masked:
-    (q_lo, q_hi, kv_lo, kv_hi, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref,
-     q_ids_ref, kv_ids_ref, dk_ref, dv_ref, dk_acc, dv_acc) = refs
-  else:
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc,
-     dv_acc) = refs
+  r = walk.refs(refs, 6)
+  q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref = r.inputs
+  dk_ref, dv_ref, dk_acc, dv_acc = r.rest
   b, j, i = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
   @pl.when(i == 0)
@@ -155,12 +129,11 @@ def _dkv_kernel(*refs, static: Static, num_q_blocks: int, num_kv_blocks: int):
     q = q_ref[...]
     do = do_ref[...]
     st = lax.dot_general(k_ref[...], q, NT_DIMS,
-                         preferred_element_type=jnp.float32) * static.scale
+                         preferred_element_type=jnp.float32) * walk.static.scale
     pt = jnp.exp(st - lse_ref[:1, :])
-    if static.masked:
-      pt = jnp.where(
-          segment_mask(kv_ids_ref[...], q_ids_ref[:1, :], st.shape[1]), pt,
-          0.0)
+    mask = walk.tile_mask(r, j, i, st.shape)
+    if mask is not None:
+      pt = jnp.where(mask, pt, 0.0)
     dv_acc[...] += lax.dot(pt.astype(do.dtype), do,
                            preferred_element_type=jnp.float32)
     dpt = lax.dot_general(v_ref[...], do, NT_DIMS,
@@ -169,15 +142,11 @@ def _dkv_kernel(*refs, static: Static, num_q_blocks: int, num_kv_blocks: int):
     dk_acc[...] += lax.dot(dst.astype(q.dtype), q,
                            preferred_element_type=jnp.float32)
 
-  if static.masked:
-    pl.when(blocks_meet(q_lo, q_hi, kv_lo, kv_hi, b * num_q_blocks + i,
-                        b * num_kv_blocks + j))(step)
-  else:
-    step()
+  walk.run(step, r, b, j, i)
 
-  @pl.when(i == num_q_blocks - 1)
+  @pl.when(i == walk.num_q - 1)
   def _finish():
-    dk_ref[...] = (dk_acc[...] * static.scale).astype(dk_ref.dtype)
+    dk_ref[...] = (dk_acc[...] * walk.static.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
@@ -191,39 +160,23 @@ def dkv(q, k, v, q_ids, kv_ids, d_out, lse, di,
   batch, heads, q_len, head_dim = q.shape
   kv_len = k.shape[2]
   block_q, block_kv = static.blocks.q_dkv, static.blocks.kv_dkv
-  grid = (batch, heads, kv_len // block_kv, q_len // block_q)
-
-  def q_map(b, h, j, i, *_):
-    return b, h, i, 0
-
-  def kv_map(b, h, j, i, *_):
-    return b, h, j, 0
-
-  q_spec = pl.BlockSpec((None, None, block_q, head_dim), q_map)
-  kv_spec = pl.BlockSpec((None, None, block_kv, head_dim), kv_map)
-  col_spec = pl.BlockSpec((None, None, SUBLANES, block_q),
-                          lambda b, h, j, i, *_: (b, h, 0, i))
-  in_specs = [q_spec, kv_spec, kv_spec, q_spec, col_spec, col_spec]
-  args = [q, k, v, d_out, sublane_layout(lse), sublane_layout(di)]
-  prefetch = []
-  if static.masked:
-    in_specs += [
-        pl.BlockSpec((None, SUBLANES, block_q),
-                     lambda b, h, j, i, *_: (b, 0, i)),
-        pl.BlockSpec((None, block_kv, LANES),
-                     lambda b, h, j, i, *_: (b, j, 0))]
-    args += [sublane_layout(q_ids), lane_layout(kv_ids)]
-    prefetch = [*block_ranges(q_ids, block_q), *block_ranges(kv_ids, block_kv)]
+  walk = Walk(static, block_q, block_kv, q_len // block_q, kv_len // block_kv,
+              keys_outer=True)
+  prefetch, id_specs, id_args = walk.segment_inputs(q_ids, kv_ids)
+  q_spec, kv_spec, col_spec = (walk.q_spec(head_dim), walk.kv_spec(head_dim),
+                               walk.q_columns_spec())
+  in_specs = [q_spec, kv_spec, kv_spec, q_spec, col_spec, col_spec, *id_specs]
+  args = [q, k, v, d_out, sublane_layout(lse), sublane_layout(di), *id_args]
+  pairs = batch * heads * q_len * kv_len * walk.work_fraction
   cost = pl.CostEstimate(
-      flops=8 * batch * heads * q_len * kv_len * head_dim,
-      transcendentals=batch * heads * q_len * kv_len,
-      bytes_accessed=q.dtype.itemsize * (2 * q.size * grid[2] + 4 * k.size))
+      flops=int(8 * pairs * head_dim), transcendentals=int(pairs),
+      bytes_accessed=q.dtype.itemsize * (2 * q.size * walk.num_kv
+                                         + 4 * k.size))
   return pl.pallas_call(
-      functools.partial(_dkv_kernel, static=static, num_q_blocks=grid[3],
-                        num_kv_blocks=grid[2]),
+      functools.partial(_dkv_kernel, walk=walk),
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=len(prefetch), grid=grid, in_specs=in_specs,
-          out_specs=[kv_spec, kv_spec],
+          num_scalar_prefetch=len(prefetch), grid=walk.grid(batch, heads),
+          in_specs=in_specs, out_specs=[kv_spec, kv_spec],
           scratch_shapes=[pltpu.VMEM((block_kv, head_dim), jnp.float32),
                           pltpu.VMEM((block_kv, head_dim), jnp.float32)]),
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
