@@ -6,6 +6,9 @@ same encoder, train step, loop and checkpoints:
 - "masked_lm": ALBERT, BERT and RoBERTa. Masked LM, plus a sentence head when
   `config.data.objective` gives sentence labels (SOP for ALBERT, NSP for
   BERT; "none" for RoBERTa's full-sentence packing).
+- "electra": ELECTRA's replaced-token detection: a generator samples the
+  masked tokens, a discriminator sharing its embeddings finds them (see
+  `albert_jax.electra`).
 - "causal_lm": GPT-1, the left-to-right baseline: a `model.causal` stack
   predicting every next token with the tied "lm" head, on the contiguous
   text stream of `config.data.objective="none"`.
@@ -67,6 +70,8 @@ def checkpoint_heads(config: Mapping[str, Any]) -> tuple[str, ...]:
   """The heads of the `models.Albert` whose parameters a run's checkpoints
   hold, from the run's recorded config (the JSON dict in WORKDIR/config.json).
   """
+  if config.get("pretraining") == "electra":
+    return ("rtd",)  # the discriminator; electra.part gives the generator
   if config.get("pretraining") == "causal_lm":
     return ("lm",)
   data = config.get("data") or {}
@@ -111,6 +116,25 @@ def _masked_lm(config, model_config: ModelConfig) -> Setup:
       batch_shapes=masked_batch_shapes(config.batch_size, seq_len, preds))
 
 
+def _electra(config, model_config: ModelConfig) -> Setup:
+  from albert_jax import electra  # pylint: disable=g-import-not-at-top
+  options = electra.ElectraOptions.from_config(config)
+  generator = electra.generator_config(model_config,
+                                       options.generator_fraction)
+  model = electra.Electra(model_config, generator)
+  seq_len = config.data.max_seq_length
+  preds = config.masking.max_predictions
+  return Setup(
+      model_config=model_config,
+      objective=electra.ElectraObjective(model, options),
+      init_params=electra.init_fn(model, seq_len, preds),
+      flops_per_step=electra.training_flops_per_step(
+          model_config, generator, config.batch_size, seq_len,
+          min(preds, seq_len)),
+      masked=True,
+      batch_shapes=masked_batch_shapes(config.batch_size, seq_len, preds))
+
+
 def _causal_lm(config, model_config: ModelConfig) -> Setup:
   if not model_config.causal:
     raise ValueError(
@@ -145,6 +169,7 @@ def _causal_lm(config, model_config: ModelConfig) -> Setup:
 
 _BUILDERS: dict[str, Callable[[Any, ModelConfig], Setup]] = {
     "masked_lm": _masked_lm,
+    "electra": _electra,
     "causal_lm": _causal_lm,
 }
 KINDS = tuple(_BUILDERS)

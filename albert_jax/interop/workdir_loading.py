@@ -72,19 +72,48 @@ def _tokenizer(path: str, config: Mapping[str, Any]):
 
 def load(path: str, config: Mapping[str, Any], step: int | None,
          overrides: Mapping[str, Any]) -> dict[str, Any]:
-  """The fields of a `Pretrained` for workdir `path` with trainer `config`."""
+  """The fields of a `Pretrained` for workdir `path` with trainer `config`.
+
+  `overrides` are ModelConfig fields, plus for an ELECTRA run (config
+  `pretraining="electra"`) `electra_part`: "discriminator" (default; HF's
+  ElectraForPreTraining) or "generator" (ElectraForMaskedLM). Either way the
+  whole ELECTRA tree is read and the part taken from it.
+  """
   from albert_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  note = f" with overrides {dict(overrides)}" if overrides else ""
+  from albert_jax import pretraining  # pylint: disable=g-import-not-at-top
+  overrides = dict(overrides)
+  electra_part = overrides.pop("electra_part", None)
+  note = f" with overrides {overrides}" if overrides else ""
   try:
     cfg = ModelConfig.from_dict({**config["model"], **overrides})
   except (ValueError, TypeError) as e:
     raise CheckpointError(
         f"{path}/config.json: the model section{note} is not a valid "
         f"ModelConfig: {e}") from e
-  from albert_jax import pretraining  # pylint: disable=g-import-not-at-top
-  objective = (config.get("data") or {}).get("objective", "sop")
-  heads = pretraining.checkpoint_heads(config)
-  _, abstract = layout.abstract_params(cfg, True, heads)
+  is_electra = config.get("pretraining") == "electra"
+  if electra_part is not None and not is_electra:
+    raise CheckpointError(
+        f"electra_part={electra_part!r} applies to ELECTRA runs; {path} "
+        f"was trained with pretraining="
+        f"{config.get('pretraining', pretraining.DEFAULT)!r}.")
+  if is_electra:
+    from albert_jax import electra  # pylint: disable=g-import-not-at-top
+    electra_part = electra_part or "discriminator"
+    try:
+      if electra_part not in electra.PARTS:
+        raise ValueError(f"electra_part={electra_part!r}; choose one of "
+                         f"{electra.PARTS}.")
+      fraction = electra.ElectraOptions.from_config(
+          config).generator_fraction
+      abstract = electra.abstract_params(cfg, fraction)
+    except ValueError as e:
+      raise CheckpointError(f"Workdir {path}: {e}") from e
+    what = f"an ELECTRA model (generator_fraction {fraction})"
+  else:
+    objective = (config.get("data") or {}).get("objective", "sop")
+    heads = pretraining.checkpoint_heads(config)
+    _, abstract = layout.abstract_params(cfg, True, heads)
+    what = f"objective {objective!r}, heads {heads}"
   try:
     params, restored_step = checkpoints.restore_params(path, abstract,
                                                        step=step)
@@ -92,12 +121,15 @@ def load(path: str, config: Mapping[str, Any], step: int | None,
     raise CheckpointError(f"Workdir {path}: {e}") from e
   except checkpoints.CheckpointShapeError as e:
     raise CheckpointError(
-        f"Workdir {path}: its config.json{note} (objective {objective!r}, "
-        f"heads {heads}) does not describe the model in checkpoint step "
-        f"{e.step}.\n{e}") from e
+        f"Workdir {path}: its config.json{note} ({what}) does not describe "
+        f"the model in checkpoint step {e.step}.\n{e}") from e
   except checkpoints.UnreadableCheckpointError as e:
     raise CheckpointError(f"Workdir {path}: {e}") from e
+  pooler, model_type = True, None
+  if is_electra:
+    cfg, params, heads = electra.part(params, cfg, fraction, electra_part)
+    pooler, model_type = False, "electra"
   params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
   return dict(model_config=cfg, params=params,
-              tokenizer=_tokenizer(path, config), heads=heads, pooler=True,
-              missing=(), step=restored_step, model_type=None)
+              tokenizer=_tokenizer(path, config), heads=heads, pooler=pooler,
+              missing=(), step=restored_step, model_type=model_type)
