@@ -6,9 +6,11 @@ layers, H=E=768, 12 heads, FFN 3072, exact gelu, dropout 0.1, LayerNorm eps
 1e-5, 512 learned positions, no segment embeddings (type_vocab_size 1),
 nothing shared. Adam with decoupled weight decay 0.01 (not on biases or
 LayerNorm gains) and bias correction, lr 2.5e-4 warmed up linearly over
-2000 updates and annealed to 0 on a cosine, batches of 64 contiguous
-512-token sequences (`data.objective="none"`: text packed across sentence
-and document boundaries).
+2000 updates and annealed to 0 on a cosine, batches of 64 sequences of up
+to 512 tokens (`data.objective="none"`: whole sentences packed in order,
+across document boundaries; GPT-1 cut its stream at exactly 512 tokens, so
+its rows had no padding, while here a row ends at the last sentence that
+fits and the loss skips the padding).
 
 Steps: the paper trains 100 epochs of BooksCorpus and gives no step count.
 Here num_train_steps = epochs × corpus_tokens / (64 × 512), with
