@@ -262,6 +262,27 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   return c
 
 
+def table_14_config(table: dict[str, tuple], key: str, *, task: str,
+                    what: str) -> ml_collections.ConfigDict:
+  """A fine-tuning config from a row of the ALBERT paper's Table 14.
+
+  Args:
+    table: row name → (learning rate, batch size, dropout, train steps,
+      warmup steps, max sequence length), as configs/glue.py and
+      configs/squad.py list them.
+    key: the row the config's argument chose ("mrpc", "2.0").
+    task: the task's registry name ("glue/mrpc").
+    what: how the error for an unknown `key` names it ("GLUE task").
+  """
+  if key not in table:
+    raise ValueError(f"Unknown {what} {key!r}; choose one of "
+                     f"{sorted(table)}.")
+  lr, batch, dropout, steps, warmup, length = table[key]
+  return finetune_config(
+      task, learning_rate=lr, batch_size=batch, num_train_steps=steps,
+      warmup_steps=warmup, max_seq_length=length, dropout=dropout)
+
+
 def classify_config(*, learning_rate: float = 2e-5, batch_size: int = 32,
                     num_train_steps: int = 1000, warmup_steps: int = 100,
                     max_seq_length: int = 128, dropout: float = 0.0

@@ -19,6 +19,9 @@ import sys
 import time
 from typing import Mapping
 
+# The event reader (albert_jax.events) checks the same checksum.
+from albert_jax.events import masked_crc32c as _masked_crc32c
+
 # Dense bf16 TFLOP/s per chip (per device as JAX counts them).
 PEAK_TFLOPS = {
     "TPU v3": 123.0,
@@ -47,28 +50,6 @@ def peak_tflops(device_kind: str, override: float = 0.0) -> float | None:
   if device_kind.startswith("NVIDIA H100") and "PCIe" in device_kind:
     return 756.0
   return best[1]
-
-
-def _crc32c_table() -> list[int]:
-  table = []
-  for i in range(256):
-    crc = i
-    for _ in range(8):
-      crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-    table.append(crc)
-  return table
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def _masked_crc32c(data: bytes) -> int:
-  """TFRecord's checksum: CRC-32C, rotated and offset."""
-  crc = 0xFFFFFFFF
-  for byte in data:
-    crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  crc ^= 0xFFFFFFFF
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _varint(n: int) -> bytes:
@@ -212,8 +193,9 @@ def final_summary(result: Mapping[str, float]) -> str:
     lines.append(f"held-out SOP accuracy {result['eval_sop_accuracy']:.4f} "
                  "(chance 0.5)")
   if "task" in result:  # a fine-tuning run
-    lines[0] = (f"Fine-tuned {result['task']} to step {result.get('step')}; "
-                f"best checkpoint: step {result.get('best_step')}.")
+    lines[0] = (f"Fine-tuned on {result.get('data', result['task'])} to "
+                f"step {result.get('step')}; best checkpoint: step "
+                f"{result.get('best_step')}.")
     for key in sorted(result):
       if key.startswith("eval_") and not key.endswith(
           "majority_baseline_accuracy"):

@@ -13,9 +13,8 @@ paper's convention: ALBERT-base has 12M) and the total training FLOPs
 models), and DIR/curves.png, train/loss and every eval metric against the
 step, one line per run. The table is also printed.
 
-The curves need matplotlib. The event files are read without TensorFlow:
-TFRecord framing (both CRCs checked) around `Event` protobufs whose scalars
-are `simple_value`s, which is what `metrics.Writer` writes.
+The curves need matplotlib. The event files are read without TensorFlow, by
+`albert_jax.events` (whose reader's names are importable from here too).
 """
 
 from __future__ import annotations
@@ -27,134 +26,24 @@ import glob
 import json
 import math
 import os
-import struct
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from albert_jax import metrics as metrics_lib
+from albert_jax.events import Event  # pylint: disable=unused-import
+from albert_jax.events import EventFileError
+from albert_jax.events import EVENTS_GLOB
+from albert_jax.events import parse_event  # pylint: disable=unused-import
+from albert_jax.events import read_records  # pylint: disable=unused-import
+from albert_jax.events import read_scalars
 from albert_jax.model_config import ModelConfig
 
-EVENTS_GLOB = "events.out.tfevents.*"
 TABLE_FILE = "report.md"
 CURVES_FILE = "curves.png"
-# TFRecord's checksum, as the Writer computes it.
-_crc = metrics_lib._masked_crc32c  # pylint: disable=protected-access
 
 
 class ReportError(ValueError):
-  """A directory that is not a finished pre-training run, or a bad file."""
-
-
-################################################################################
-# Event files.
-################################################################################
-
-
-def read_records(path: str) -> Iterator[bytes]:
-  """The records of a TFRecord file, both CRCs checked.
-
-  A last record cut short (a run killed while writing) ends the file, as in
-  TensorBoard; a checksum that does not match is an error.
-  """
-  with open(path, "rb") as f:
-    data = f.read()
-  pos = 0
-  while pos + 12 <= len(data):
-    header = data[pos:pos + 8]
-    (length,) = struct.unpack("<Q", header)
-    (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
-    if header_crc != _crc(header):
-      raise ReportError(f"{path}: corrupt record header at byte {pos}.")
-    end = pos + 12 + length
-    if end + 4 > len(data):
-      return
-    record = data[pos + 12:end]
-    (crc,) = struct.unpack("<I", data[end:end + 4])
-    if crc != _crc(record):
-      raise ReportError(f"{path}: corrupt record at byte {pos}.")
-    yield record
-    pos = end + 4
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-  value = shift = 0
-  while True:
-    if pos >= len(buf):
-      raise ReportError("Truncated varint in an event protobuf.")
-    byte = buf[pos]
-    value |= (byte & 0x7F) << shift
-    pos, shift = pos + 1, shift + 7
-    if not byte & 0x80:
-      return value, pos
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-  """(field number, wire type, value) of a serialised protobuf message."""
-  pos = 0
-  while pos < len(buf):
-    key, pos = _varint(buf, pos)
-    number, wire = key >> 3, key & 7
-    if wire == 0:
-      value, pos = _varint(buf, pos)
-    elif wire in (1, 5):
-      size = 8 if wire == 1 else 4
-      value, pos = buf[pos:pos + size], pos + size
-    elif wire == 2:
-      size, pos = _varint(buf, pos)
-      value, pos = buf[pos:pos + size], pos + size
-    else:
-      raise ReportError(f"Unsupported protobuf wire type {wire}.")
-    if pos > len(buf):
-      raise ReportError("Truncated field in an event protobuf.")
-    yield number, wire, value
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-  """One `tensorflow.Event`: its step, time and scalar summaries."""
-  step: int
-  wall_time: float
-  scalars: dict[str, float]
-  file_version: str = ""
-
-
-def parse_event(data: bytes) -> Event:
-  """Decodes a serialised Event; values other than simple_value are skipped."""
-  step, wall_time, version, scalars = 0, 0.0, "", {}
-  for number, _, value in _fields(data):
-    if number == 1:
-      (wall_time,) = struct.unpack("<d", value)
-    elif number == 2:
-      step = value - (1 << 64) if value >= 1 << 63 else value
-    elif number == 3:
-      version = value.decode()
-    elif number == 5:  # Summary: repeated Value (tag = 1, simple_value = 2)
-      for v_number, _, v in _fields(value):
-        if v_number != 1:
-          continue
-        parts = {n: x for n, _, x in _fields(v)}
-        if 1 in parts and 2 in parts:
-          scalars[parts[1].decode()] = struct.unpack("<f", parts[2])[0]
-  return Event(step, wall_time, scalars, version)
-
-
-def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-  """tag → [(step, value)] sorted by step, over every event file in `logdir`.
-
-  Files are read oldest first (their names start with the creation time),
-  so a step logged again after a resume takes its latest value.
-  """
-  def created(path):
-    stamp = os.path.basename(path).split(".")[3]
-    return (int(stamp) if stamp.isdigit() else 0, path)
-  paths = sorted(glob.glob(os.path.join(logdir, EVENTS_GLOB)), key=created)
-  series: dict[str, dict[int, float]] = {}
-  for path in paths:
-    for record in read_records(path):
-      event = parse_event(record)
-      for tag, value in event.scalars.items():
-        series.setdefault(tag, {})[event.step] = value
-  return {tag: sorted(points.items()) for tag, points in series.items()}
+  """A directory that is not a finished pre-training run, or a bad JSON file
+  in one (a corrupt event file raises `events.EventFileError`)."""
 
 
 ################################################################################
@@ -395,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     curves = os.path.join(args.out, CURVES_FILE)
     plot_curves(runs, curves)
-  except ReportError as e:
+  except (ReportError, EventFileError) as e:
     print(f"report: {e}", file=sys.stderr)
     return 2
   with open(os.path.join(args.out, TABLE_FILE), "w", encoding="utf-8") as f:

@@ -2,7 +2,12 @@ r"""Hyperparameter sweeps as files: expand, validate, run trial after trial.
 
 A sweep file (experiments/*.py, e.g. demo_lr.py) sets `CONFIG`, its base
 config, and `get_sweep(arg=None)`, returning the trials: dicts of dotted config
-overrides, built with `axis`, `product`, `zip_`, `chain` and `fixed`.
+overrides, built with `axis`, `product`, `zip_`, `chain` and `fixed`. A
+`get_sweep` with a `base` keyword also receives the base config (CONFIG, or
+the one `--config` names) as a ConfigDict, for trials that depend on the
+model (experiments/ablate_embedding.py's widths follow its hidden size).
+The ablations share `ablation`: the demo's pre-training as CONFIG and a
+`quick` argument for 30-step smoke runs.
 
   python -m albert_jax.sweep experiments/demo_lr.py[:arg] --workdir_root=DIR
   python -m albert_jax.sweep experiments/demo_lr.py --workdir_root=gs://b/lr \
@@ -23,6 +28,7 @@ import copy
 import difflib
 import hashlib
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -36,6 +42,13 @@ from typing import Any, Iterable, Mapping
 from etils import epath
 
 Trial = dict[str, Any]
+
+# The ablations' base: the demo's pre-training without its fine-tuning stage;
+# `--config=configs/albert_base.py` (say) runs one at paper scale.
+ABLATION_CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
+# An ablation's `quick` argument: 30 steps a trial, evaluated every 10.
+QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,
+         "config.eval_every_steps": 10}
 
 
 class SweepError(ValueError):
@@ -86,6 +99,14 @@ def chain(*parts) -> list[Trial]:
   return [t for part in _parts(parts, {}) for t in part]
 
 
+def ablation(arg: str | None, *parts) -> list[Trial]:
+  """An ablation's trials: `product(*parts)`, each with QUICK's schedule
+  added when `arg` is "quick" (the only argument an ablation takes)."""
+  from albert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  args = config_lib.parse_arg(arg, quick=False)
+  return product(*parts, fixed(QUICK if args.quick else {}))
+
+
 def format_value(value: Any) -> str:
   """A value as `--config.k=` reads it back (ml_collections config flags)."""
   if isinstance(value, (bool, str)):
@@ -114,14 +135,23 @@ def _load(spec: str):
   return path, module, arg
 
 
+def _base_config(config_spec: str):
+  """The ConfigDict of `configs/x.py[:arg]`."""
+  _, module, arg = _load(config_spec)
+  return module.get_config(arg)
+
+
 def load_sweep(spec: str, config: str | None = None):
   """(base config spec, {name: trial}) from `experiments/x.py[:arg]`."""
   path, module, arg = _load(spec)
   config = config or getattr(module, "CONFIG", None)
   if not config:
     raise SweepError(f"{path} sets no CONFIG and no --config was given.")
+  kwargs = {}
+  if "base" in inspect.signature(module.get_sweep).parameters:
+    kwargs["base"] = _base_config(config)
   trials = {}
-  for trial in module.get_sweep(*([] if arg is None else [arg])):
+  for trial in module.get_sweep(*([] if arg is None else [arg]), **kwargs):
     trial = _merge({k.removeprefix("config."): v} for k, v in trial.items())
     if (name := trial_name(trial)) in trials:
       raise SweepError(f"{path}: trial {name} appears twice.")
@@ -153,8 +183,7 @@ def _unknown(key: str, paths: list[str]) -> str:
 def validate(config_spec: str, trials: Mapping[str, Trial],
              extra_keys: Iterable[str] = ()) -> None:
   """Every key exists in the base config and takes its trial's value."""
-  _, module, arg = _load(config_spec)
-  base = module.get_config(arg)
+  base = _base_config(config_spec)
   paths = list(_paths(base))
   keys = dict.fromkeys([*extra_keys, *(k for t in trials.values() for k in t)])
   errors = [_unknown(k, paths) for k in keys if k not in paths]

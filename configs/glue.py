@@ -33,14 +33,9 @@ TABLE_14 = {
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, task="mrpc")
-  if args.task not in TABLE_14:
-    raise ValueError(f"Unknown GLUE task {args.task!r}; choose one of "
-                     f"{sorted(TABLE_14)}.")
-  lr, batch, dropout, steps, warmup, length = TABLE_14[args.task]
-  c = config_lib.finetune_config(
-      f"glue/{args.task}", learning_rate=lr, batch_size=batch,
-      num_train_steps=steps, warmup_steps=warmup, max_seq_length=length,
-      dropout=dropout)
+  c = config_lib.table_14_config(TABLE_14, args.task, task=f"glue/{args.task}",
+                                 what="GLUE task")
   # The official scripts evaluate every saved checkpoint and keep the best.
-  c.eval_every_steps = c.checkpoint_every_steps = max(steps // 10, 50)
+  c.eval_every_steps = c.checkpoint_every_steps = max(
+      c.num_train_steps // 10, 50)
   return c

@@ -24,18 +24,14 @@ TABLE_14 = {
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, version="2.0")
-  if args.version not in TABLE_14:
-    raise ValueError(f"Unknown SQuAD version {args.version!r}; choose one of "
-                     f"{sorted(TABLE_14)}.")
-  lr, batch, dropout, steps, warmup, length = TABLE_14[args.version]
-  c = config_lib.finetune_config(
-      f"squad/v{args.version}", learning_rate=lr, batch_size=batch,
-      num_train_steps=steps, warmup_steps=warmup, max_seq_length=length,
-      dropout=dropout)
+  c = config_lib.table_14_config(TABLE_14, args.version,
+                                 task=f"squad/v{args.version}",
+                                 what="SQuAD version")
   c.data.doc_stride = 128
   c.data.max_query_length = 64
   c.data.n_best_size = 20
   c.data.max_answer_length = 30
   c.data.v2_head = "official"
-  c.eval_every_steps = c.checkpoint_every_steps = max(steps // 4, 50)
+  c.eval_every_steps = c.checkpoint_every_steps = max(
+      c.num_train_steps // 4, 50)
   return c

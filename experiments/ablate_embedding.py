@@ -6,9 +6,8 @@ hidden width H the vocabulary is embedded in E dimensions and projected to H
 projection, as BERT (the official ALBERT code also drops the projection
 when E = H).
 
-The widths depend on H, so the scale is an argument here and the base
-config must match it (the trials of one scale are invalid on the other's
-model, which `--config` alone cannot tell):
+The widths follow the base config's H (the sweep reads it), so the base
+config alone sets the scale, as in the other ablations:
 
   # Demo scale (CPU, bundled corpus; H=128, E = 16, 32, 64, 128):
   python -m albert_jax.sweep experiments/ablate_embedding.py \
@@ -18,32 +17,33 @@ model, which `--config` alone cannot tell):
 
   # Paper scale (ALBERT-base; H=768, E = 64, 128, 256, 768; your corpus
   # after `--`):
-  python -m albert_jax.sweep experiments/ablate_embedding.py:paper \
+  python -m albert_jax.sweep experiments/ablate_embedding.py \
       --config=configs/albert_base.py --workdir_root=gs://BUCKET/embedding \
       -- --config.data.corpus=gs://BUCKET/corpus
 
-Arguments: `paper` (the paper's widths, for configs/albert_base.py), `quick`
-(30 steps a trial, evaluated every 10: a smoke run).
+Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
 """
 
-from albert_jax import config_lib
 from albert_jax import sweep
 
-CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
-QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,
-         "config.eval_every_steps": 10}
-# (factorised widths, H) of each scale's base model.
-WIDTHS = {"demo": ((16, 32, 64), 128), "paper": ((64, 128, 256), 768)}
+CONFIG = sweep.ABLATION_CONFIG
+# The factorised widths E below each base model's hidden width H: the demo's
+# and Table 3's ALBERT-base.
+WIDTHS = {128: (16, 32, 64), 768: (64, 128, 256)}
 
 
-def get_sweep(arg=None):
-  args = config_lib.parse_arg(arg, paper=False, quick=False)
-  factorised, hidden = WIDTHS["paper" if args.paper else "demo"]
+def get_sweep(arg=None, *, base):
+  hidden = base.model.hidden_size
+  if hidden not in WIDTHS:
+    raise ValueError(
+        f"The base config's model.hidden_size is {hidden}; this sweep knows "
+        f"the embedding widths for H in {sorted(WIDTHS)} (the demo's and "
+        "ALBERT-base's). Use one of those configs, or add H's widths to "
+        "WIDTHS in experiments/ablate_embedding.py.")
   sizes = sweep.chain(
-      sweep.product(sweep.axis("config.model.embedding_size", factorised),
+      sweep.product(sweep.axis("config.model.embedding_size", WIDTHS[hidden]),
                     sweep.fixed({"config.model.embedding_projection": True})),
       sweep.fixed({"config.model.embedding_size": hidden,
                    "config.model.embedding_projection": False}))
-  return sweep.product(
-      sweep.axis("config.model.share", ["none", "all"]), sizes,
-      sweep.fixed(QUICK if args.quick else {}))
+  return sweep.ablation(
+      arg, sweep.axis("config.model.share", ["none", "all"]), sizes)

@@ -22,16 +22,11 @@ after `--`):
 Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
 """
 
-from albert_jax import config_lib
 from albert_jax import sweep
 
-CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
-QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,
-         "config.eval_every_steps": 10}
+CONFIG = sweep.ABLATION_CONFIG
 
 
 def get_sweep(arg=None):
-  args = config_lib.parse_arg(arg, quick=False)
-  return sweep.product(
-      sweep.axis("config.model.share", ["all", "attention", "ffn", "none"]),
-      sweep.fixed(QUICK if args.quick else {}))
+  return sweep.ablation(arg, sweep.axis(
+      "config.model.share", ["all", "attention", "ffn", "none"]))

@@ -1,9 +1,106 @@
-"""Test-wide settings: CPU only, float32 matmuls at full precision."""
+"""Test-wide settings (CPU only, float32 matmuls at full precision) and the
+fixtures several test files share: a tiny trained SentencePiece model, fast
+XLA compile options and a compilation cache."""
 
+import gzip
+import itertools
 import os
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
+                      "sotu.txt.gz")
+# Where compile time dominates a test: far quicker to compile on CPU, and the
+# programs compute the same values.
+FAST_COMPILE = {"xla_backend_optimization_level": 0,
+                "xla_cpu_use_fusion_emitters": False,
+                "xla_llvm_disable_expensive_passes": True}
+TINY_VOCAB = 300  # pieces of the `tiny_spm` model
+
+
+@pytest.fixture(scope="session")
+def fast_compile() -> dict:
+  """`compiler_options` for jax.jit: FAST_COMPILE."""
+  return dict(FAST_COMPILE)
+
+
+@pytest.fixture(scope="session")
+def tiny_spm(tmp_path_factory) -> str:
+  """A 300-piece SentencePiece model of the bundled corpus's first 400
+  lines (about a second to train; once per test process): its path."""
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  d = tmp_path_factory.mktemp("tiny_spm")
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
+                                  encoding="utf-8")
+  Tokenizer.train(str(d / "corpus.txt"), TINY_VOCAB,
+                  output=d / "spiece.model", seed=1, num_threads=1)
+  return str(d / "spiece.model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_spm):
+  """`tiny_spm` loaded as an albert_jax Tokenizer."""
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  return Tokenizer.from_file(tiny_spm)
+
+
+@pytest.fixture(scope="session")
+def _compilation_cache_dir(tmp_path_factory) -> str:
+  """This session's cache directory. Under pytest-xdist the workers share
+  one (in the session's base directory, beside theirs): a module's tests are
+  spread over the workers, and a program either compiled is the other's
+  too. JAX writes each entry once, under a key naming the whole program; a
+  worker that reads an entry the other is still writing gets an error,
+  warns and compiles it itself."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    path = base.parent / "jax_cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
+  return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.fixture(scope="module")
+def compilation_cache(_compilation_cache_dir):
+  """A persistent compilation cache for the module's tests: a program
+  compiled once (a task's train step, say) is read back when another test,
+  or another module using this fixture, compiles it again.
+
+  JAX sets its cache up once per process, so every module shares one
+  directory; the cache is reset afterwards, leaving other modules' compiles
+  as they would be without it.
+  """
+  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
+  old = (jax.config.jax_compilation_cache_dir,
+         jax.config.jax_persistent_cache_min_compile_time_secs)
+  cc.reset_cache()
+  jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  yield _compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+  cc.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def tiny_sop_dataset(tiny_spm, tmp_path_factory) -> tuple[str, str]:
+  """(tokenizer path, data_dir): the bundled corpus's first 400 lines, six
+  to a document, prepared with `tiny_spm` into sentence-order instances of
+  32 tokens (about 200), all in the train split. Read-only to its users."""
+  from albert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    lines = [line.strip() for line in itertools.islice(f, 400)]
+  docs = [[s for s in lines[i:i + 6] if s] for i in range(0, len(lines), 6)]
+  out = tmp_path_factory.mktemp("tiny_sop_dataset")
+  prepare.prepare(iter(docs), prepare.PrepareConfig(
+      tokenizer=tiny_spm, output_dir=str(out), max_seq_length=32,
+      docs_per_block=100, eval_fraction=0.0, seed=0), progress=None)
+  return tiny_spm, str(out)

@@ -10,8 +10,6 @@ and here, onto one CPU device.
 """
 
 import glob
-import gzip
-import itertools
 import logging
 import os
 import shutil
@@ -36,11 +34,8 @@ from albert_jax import train_step as step_lib
 from albert_jax.model_config import ModelConfig
 from albert_jax.pretrained import CheckpointError
 from albert_jax.pretrained import load_pretrained
-from albert_jax.tokenizer import Tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 VOCAB, SEQ, PREDICTIONS = 300, 32, 5
 
 
@@ -156,6 +151,24 @@ def test_retention_best_by_minimum(tmp_path):
            metrics=[{"mlm_loss": l} for l in loss], keep=1,
            best_metric="mlm_loss", best_mode="min")
   assert steps_on_disk(tmp_path) == [3, 5]
+
+
+def test_best_step_is_the_metrics_and_survives_a_restart(tmp_path):
+  """best_step() ranks by the metric (not the newest step), and a resumed
+  run's manager reads the saved metrics back, so it keeps the best too."""
+  kw = dict(keep=1, best_metric="mlm_loss", best_mode="min")
+  mngr = save_all(tmp_path, _small_states(range(1, 6)),
+                  metrics=[{"mlm_loss": l} for l in [3.0, 1.0, 0.5, 2.0, 4.0]],
+                  **kw)
+  assert mngr.best_step() == 3
+  again = checkpoints.manager(tmp_path, **kw)
+  assert again.best_step() == 3
+  (state,) = _small_states([6])
+  checkpoints.save(again, state, {"step": 6, "data_position": 6},
+                   metrics={"mlm_loss": 5.0})
+  again.wait_until_finished()
+  assert again.best_step() == 3
+  assert steps_on_disk(tmp_path) == [3, 6]
 
 
 def test_checkpoints_without_metrics_are_not_kept_as_best(tmp_path):
@@ -336,17 +349,11 @@ def test_shape_mismatch_lists_paths(tiny, tmp_path):
 ################################################################################
 
 
-@pytest.fixture(scope="module")
-def spm_model(tmp_path_factory):
-  """A 300-piece SentencePiece model (trained in about a second)."""
-  d = tmp_path_factory.mktemp("spm")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
-                                  encoding="utf-8")
-  tok = Tokenizer.train(str(d / "corpus.txt"), VOCAB,
-                        output=d / "spiece.model", seed=1, num_threads=2)
-  assert tok.vocab_size == VOCAB
-  return tok.path
+@pytest.fixture(name="spm_model", scope="module")
+def fixture_spm_model(tiny_tokenizer):
+  """conftest's 300-piece SentencePiece model: its path."""
+  assert tiny_tokenizer.vocab_size == VOCAB
+  return tiny_tokenizer.path
 
 
 def make_workdir(path, config, states, spm=None):

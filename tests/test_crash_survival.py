@@ -34,6 +34,7 @@ are off (as in test_resume), which keeps the 12 launches within budget.
 import glob
 import gzip
 import itertools
+import json
 import os
 import re
 import resource
@@ -50,7 +51,6 @@ import orbax.checkpoint as ocp
 import pytest
 
 from albert_jax.data import pipeline
-from albert_jax.data import prepare as prep
 from albert_jax.tokenizer import Tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,23 +63,15 @@ KINDS = ("time",) * 3 + ("step",) * 3 + ("write",) * 4
 TIMEOUT = 300
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-  """A 300-piece tokenizer and ≈200 SOP instances of length 32."""
-  d = tmp_path_factory.mktemp("dataset")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    lines = [line.strip() for line in itertools.islice(f, 400)]
-  (d / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-  tok = Tokenizer.train(str(d / "corpus.txt"), VOCAB,
-                        output=d / "spm" / "spiece.model", seed=1,
-                        num_threads=2)
-  docs = [[s for s in lines[i:i + 6] if s] for i in range(0, len(lines), 6)]
-  config = prep.PrepareConfig(tokenizer=tok.path, output_dir=str(d / "data"),
-                              max_seq_length=SEQ, docs_per_block=100,
-                              eval_fraction=0.0, seed=0)
-  meta = prep.prepare(iter(docs), config, progress=None)
+@pytest.fixture(name="dataset", scope="module")
+def fixture_dataset(tiny_sop_dataset):
+  """conftest's 300-piece tokenizer and ≈200 SOP instances of length 32."""
+  tokenizer, data_dir = tiny_sop_dataset
+  with open(os.path.join(data_dir, "dataset.json"), encoding="utf-8") as f:
+    meta = json.load(f)
+  assert (meta["vocab_size"], meta["max_seq_length"]) == (VOCAB, SEQ)
   assert meta["splits"]["train"]["instances"] >= STEPS * 8
-  return tok.path, str(d / "data")
+  return tokenizer, data_dir
 
 
 class Launch:

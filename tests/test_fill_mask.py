@@ -1,17 +1,13 @@
 """`Pretrained.fill_mask`: MLM predictions for "[MASK]" markers, against
 transformers on tiny random checkpoints, and its refusals."""
 
-import gzip
 import importlib.resources
 import importlib.util
-import itertools
-import os
 
 import numpy as np
 import pytest
 
 import albert_jax
-from albert_jax.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -19,8 +15,6 @@ torch = pytest.importorskip("torch")
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-CORPUS = os.path.join(os.path.dirname(albert_jax.__file__), "data", "bundled",
-                      "corpus", "sotu.txt.gz")
 TEXT = ("The [MASK] of the union is strong[MASK] and the people of the "
         "[MASK] are proud.")
 
@@ -35,14 +29,9 @@ def perturbed(model, seed):
 
 
 @pytest.fixture(scope="module")
-def albert_mlm(tmp_path_factory):
+def albert_mlm(tmp_path_factory, tiny_tokenizer):
   """(HF AlbertForMaskedLM, its directory with a 300-piece spiece.model)."""
-  d = tmp_path_factory.mktemp("spm")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
-                                  encoding="utf-8")
-  tok = Tokenizer.train(str(d / "corpus.txt"), 300,
-                        output=d / "spiece.model", seed=1, num_threads=1)
+  tok = tiny_tokenizer
   config = transformers.AlbertConfig(
       vocab_size=tok.vocab_size, embedding_size=16, hidden_size=32,
       num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

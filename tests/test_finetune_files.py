@@ -13,21 +13,17 @@ import ml_collections
 import numpy as np
 import pytest
 
+from albert_jax import metrics
 from albert_jax.finetune import files
 from albert_jax.finetune import tables
 from albert_jax.finetune import task as task_lib
+from albert_jax.finetune import train as ft
 from albert_jax.model_config import ModelConfig
-from albert_jax.tokenizer import Tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 SPAM = os.path.join(REPO, "albert_jax", "data", "bundled", "labeled",
                     "spam_assassin.tsv.gz")
 VOCAB, SEQ = 300, 24
-FAST = {"xla_backend_optimization_level": 0,
-        "xla_cpu_use_fusion_emitters": False,
-        "xla_llvm_disable_expensive_passes": True}
 
 ROWS = [  # (text, other text, label, score)
     ("the war is over", "peace at last", "pos", 4.5),
@@ -37,15 +33,11 @@ ROWS = [  # (text, other text, label, score)
 ]
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-  """A 300-piece SentencePiece model (trained in about a second)."""
-  d = tmp_path_factory.mktemp("spm")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
-                                  encoding="utf-8")
-  return Tokenizer.train(str(d / "corpus.txt"), VOCAB,
-                         output=d / "spiece.model", seed=1, num_threads=2)
+@pytest.fixture(name="tok", scope="module")
+def fixture_tok(tiny_tokenizer):
+  """conftest's 300-piece SentencePiece model."""
+  assert tiny_tokenizer.vocab_size == VOCAB
+  return tiny_tokenizer
 
 
 def _write(path, text, compress=None):
@@ -225,6 +217,23 @@ def test_errors_name_file_line_and_fix(tmp_path):
     files.make_task("files", _data(**d))
 
 
+def test_the_run_summary_names_the_data_file(tmp_path):
+  """Not the task's registry name ("files"): the file it was cut from, or
+  else the training file."""
+  task = _task(tmp_path)
+  config = ml_collections.ConfigDict({"data": _data(
+      train_file=str(tmp_path / "train.tsv"), split_from="")})
+  assert ft.data_name(config, task) == "train.tsv"
+  config.data.split_from = "bundled/labeled/spam_assassin.tsv.gz"
+  assert ft.data_name(config, task) == "spam_assassin.tsv.gz"
+  result = {"task": "files", "data": "spam_assassin.tsv.gz", "step": 150,
+            "best_step": 120, "eval_accuracy": 0.9273,
+            "eval_majority_baseline_accuracy": 0.686}
+  assert metrics.final_summary(result).splitlines() == [
+      "Fine-tuned on spam_assassin.tsv.gz to step 150; best checkpoint: "
+      "step 120.", "accuracy 0.9273 (majority-class baseline 0.6860)"]
+
+
 def test_config_errors(tmp_path):
   _error(tmp_path, "exactly one of data.text_column",
          text_columns=["text", "other"])
@@ -250,7 +259,7 @@ def test_config_errors(tmp_path):
 ################################################################################
 
 
-def test_regression_task_on_the_model(tmp_path, tok):
+def test_regression_task_on_the_model(tmp_path, tok, fast_compile):
   task = _task(tmp_path, label_column="score", task_type="regression")
   split = task.load("train", tok, SEQ)
   cfg = ModelConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32,
@@ -270,7 +279,7 @@ def test_regression_task_on_the_model(tmp_path, tok):
     return (out, task.loss_sums(out, batch), task.loss_sums(out, other),
             task.predict(out, batch))
 
-  out, sums, other, pred = jax.jit(forward, compiler_options=FAST)(
+  out, sums, other, pred = jax.jit(forward, compiler_options=fast_compile)(
       jax.random.key(0))
   values = np.asarray(out["logits"])[:, 0]
   np.testing.assert_array_equal(pred["prediction"], values)

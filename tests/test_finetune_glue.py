@@ -2,9 +2,6 @@
 TFDS's mock data: features, head, losses, metrics and submission files."""
 
 import dataclasses
-import gzip
-import itertools
-import os
 
 import flax.linen as nn
 import jax
@@ -16,29 +13,18 @@ from albert_jax.finetune import glue
 from albert_jax.finetune import heads
 from albert_jax.finetune import task as task_lib
 from albert_jax.model_config import ModelConfig
-from albert_jax.tokenizer import Tokenizer
 
 tfds = pytest.importorskip("tensorflow_datasets")
 tf = pytest.importorskip("tensorflow")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 VOCAB, SEQ = 300, 32
-FAST = {"xla_backend_optimization_level": 0,
-        "xla_cpu_use_fusion_emitters": False,
-        "xla_llvm_disable_expensive_passes": True}
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-  """A 300-piece SentencePiece model (trained in about a second)."""
-  d = tmp_path_factory.mktemp("spm")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
-                                  encoding="utf-8")
-  return Tokenizer.train(str(d / "corpus.txt"), VOCAB,
-                         output=d / "spiece.model", seed=1, num_threads=2)
+@pytest.fixture(name="tok", scope="module")
+def fixture_tok(tiny_tokenizer):
+  """conftest's 300-piece SentencePiece model."""
+  assert tiny_tokenizer.vocab_size == VOCAB
+  return tiny_tokenizer
 
 
 def _config(**overrides):
@@ -208,7 +194,7 @@ def test_reordered_tfds_labels_are_refused(tok):
 ################################################################################
 
 
-def test_model_head_losses_and_predictions(tok):
+def test_model_head_losses_and_predictions(tok, fast_compile):
   task = glue.make_task("glue/mnli", {})
   split = _load(task, "train", tok, num_examples=4)
   cfg = _config()
@@ -216,7 +202,7 @@ def test_model_head_losses_and_predictions(tok):
   batch = dict(split.features, weights=np.ones(4, np.float32))
   # Eager init of even this model takes half a minute on CPU; jit is quick.
   variables = jax.jit(lambda key: model.init(key, batch, deterministic=True),
-                      compiler_options=FAST)(jax.random.key(0))
+                      compiler_options=fast_compile)(jax.random.key(0))
   kernel = variables["params"]["head"]["classifier"]["kernel"]
   assert kernel.value.shape == (32, 3)
   assert kernel.names == ("embed", "classes")
@@ -228,7 +214,7 @@ def test_model_head_losses_and_predictions(tok):
                        rngs={"dropout": rng})
     return det, drop, task.loss_sums(det, batch), task.predict(det, batch)
 
-  forward = jax.jit(forward, compiler_options=FAST)
+  forward = jax.jit(forward, compiler_options=fast_compile)
   det, drop, sums, pred = forward(params, batch, jax.random.key(1))
   logits = np.asarray(det["logits"])
   assert logits.shape == (4, 3) and logits.dtype == np.float32
@@ -242,7 +228,7 @@ def test_model_head_losses_and_predictions(tok):
   assert sums["correct_sum"] == np.sum(logits.argmax(-1) == labels)
 
 
-def test_regression_head_and_its_dropout_rate():
+def test_regression_head_and_its_dropout_rate(fast_compile):
   task = glue.make_task("glue/stsb", {})
   encoded = {"pooled_output": jax.random.normal(jax.random.key(0), (4, 32))}
   batch = {"labels": jnp.array([0.0, 1.0, 2.5, 5.0]),
@@ -256,7 +242,7 @@ def test_regression_head_and_its_dropout_rate():
       drop = head.apply(params, encoded, batch, False,
                         rngs={"dropout": jax.random.key(2)})
       return det, drop, task.loss_sums(det, batch), task.predict(det, batch)
-    return jax.jit(fn, compiler_options=FAST)(jax.random.key(1))
+    return jax.jit(fn, compiler_options=fast_compile)(jax.random.key(1))
 
   det, drop, sums, pred = run(_config())
   assert det["logits"].shape == (4, 1)
@@ -272,11 +258,12 @@ def test_regression_head_and_its_dropout_rate():
   np.testing.assert_array_equal(det["logits"], drop["logits"])
 
 
-def test_zero_weight_rows_change_nothing():
+def test_zero_weight_rows_change_nothing(fast_compile):
   logits = jnp.array([[2.0, -1.0, 0.5], [0.0, 3.0, 1.0], [9.0, 9.0, 9.0]])
   labels = jnp.array([0, 2, 1])
   weights = jnp.array([1.0, 0.5, 0.0])
-  cross_entropy = jax.jit(heads.cross_entropy_sums, compiler_options=FAST)
+  cross_entropy = jax.jit(heads.cross_entropy_sums,
+                          compiler_options=fast_compile)
   sums = cross_entropy(logits, labels, weights)
   # A padding row's logits (even NaN) and label (even -1) do not count.
   other = cross_entropy(logits.at[2].set(jnp.nan), labels.at[2].set(-1),
@@ -286,8 +273,8 @@ def test_zero_weight_rows_change_nothing():
   for s in (sums, other):
     np.testing.assert_allclose(s["loss_sum"], expected, rtol=1e-6)
     assert s["correct_sum"] == 1.0
-  reg = jax.jit(heads.squared_error_sums, compiler_options=FAST)(jnp.array([1.0, 2.0, jnp.nan]),
-                                 jnp.array([0.5, 4.0, 1.0]), weights)
+  reg = jax.jit(heads.squared_error_sums, compiler_options=fast_compile)(
+      jnp.array([1.0, 2.0, jnp.nan]), jnp.array([0.5, 4.0, 1.0]), weights)
   np.testing.assert_allclose(reg["loss_sum"], 0.25 + 0.5 * 4.0)
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from albert_jax import checkpoints
 from albert_jax import config_lib
 from albert_jax import layers
 from albert_jax.finetune import batching
@@ -18,13 +19,13 @@ from albert_jax.finetune import train as ft
 
 import flax.linen as nn
 
+# Every run compiles the same few programs; the later runs read them back.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 TOKENIZER = os.path.join(os.path.dirname(__file__), "testdata",
                          "t5_c4_32k.model")
 SEQ = 16
 VOCAB = 50
-FAST_COMPILE = {"xla_backend_optimization_level": 0,
-                "xla_cpu_use_fusion_emitters": False,
-                "xla_llvm_disable_expensive_passes": True}
 
 
 def toy_features(n, seed):
@@ -113,20 +114,6 @@ def toy_config(**overrides):
   return c
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """Every run compiles the same few programs; the persistent cache lets the
-  second and later runs skip that."""
-  old = (jax.config.jax_compilation_cache_dir,
-         jax.config.jax_persistent_cache_min_compile_time_secs)
-  jax.config.update("jax_compilation_cache_dir",
-                    str(tmp_path_factory.mktemp("jax_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  yield
-  jax.config.update("jax_compilation_cache_dir", old[0])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
-
-
 @pytest.fixture
 def toy(monkeypatch):
   task = ToyTask()
@@ -173,6 +160,7 @@ def test_run_trains_evaluates_keeps_best_and_writes_predictions(toy, tmp_path):
   assert result["eval_majority_baseline_accuracy"] == np.mean(
       toy_features(21, 1)["labels"] == majority)
   assert not any(k.startswith("eval_test/") for k in result)  # unlabelled
+  assert result["data"] == "toy"  # no file: the task's name
   with open(tmp_path / "final_metrics.json", encoding="utf-8") as f:
     assert json.load(f) == result
   # The best eval step's predictions are the ones written.
@@ -181,6 +169,51 @@ def test_run_trains_evaluates_keeps_best_and_writes_predictions(toy, tmp_path):
   assert len(preds) == 10 and set(preds) <= {"0", "1"}
   assert sorted(os.path.basename(p) for p in result["predictions"]) == [
       "test.txt", "validation.txt"]
+
+
+class PeakTask(ToyTask):
+  """The toy task with a scripted eval metric: its evaluations during
+  training (steps 8, 16 and 24) score SCRIPT, so step 16 is the best, not
+  the last. Every evaluation's predictions, logits included, are kept."""
+
+  SCRIPT = (0.5, 0.9, 0.2)
+
+  def __init__(self):
+    super().__init__()
+    self.evaluated = []
+
+  def predict(self, outputs, batch):
+    return {**super().predict(outputs, batch), "logits": outputs["logits"]}
+
+  def evaluate(self, predictions, split):
+    self.evaluated.append(predictions)
+    metrics = super().evaluate(predictions, split)
+    if len(self.evaluated) <= len(self.SCRIPT):
+      metrics["accuracy"] = self.SCRIPT[len(self.evaluated) - 1]
+    return metrics
+
+
+def test_predictions_come_from_the_best_step_not_the_last(monkeypatch,
+                                                           tmp_path):
+  """The metric peaks mid-run: the best checkpoint's parameters are restored
+  for the predictions and final metrics. With keep_checkpoints=1 only the
+  best-metric retention keeps that checkpoint."""
+  task = PeakTask()
+  monkeypatch.setattr(ft.tasks, "make_task", lambda name, data: task)
+  result = ft.run(toy_config(keep_checkpoints=1), str(tmp_path))
+  assert (result["step"], result["best_step"]) == (24, 16)
+  assert checkpoints.available_steps(str(tmp_path)) == [16, 24]
+  # Evaluated at steps 8, 16 and 24, then once more with the best parameters.
+  assert len(task.evaluated) == 4
+  _, at_16, at_24, final = task.evaluated
+  np.testing.assert_array_equal(final["logits"], at_16["logits"])
+  assert not np.allclose(final["logits"], at_24["logits"], atol=1e-3)
+  labels = toy_features(21, 1)["labels"]
+  assert result["eval_accuracy"] == np.mean(at_16["label"] == labels)
+  written = (tmp_path / "predictions" / "validation.txt").read_text()
+  assert written.split("\n") == [str(int(p)) for p in at_16["label"]]
+  with open(tmp_path / "final_metrics.json", encoding="utf-8") as f:
+    assert json.load(f) == result
 
 
 def test_resume_continues_to_the_same_parameters(toy, tmp_path):
@@ -197,7 +230,7 @@ def test_resume_continues_to_the_same_parameters(toy, tmp_path):
   assert (tmp_path / "predictions" / "test.txt").read_text() == first
 
 
-def test_task_objective_accumulation_matches_one_batch(toy):
+def test_task_objective_accumulation_matches_one_batch(toy, fast_compile):
   """Sum-form loss: 4 micro-batches give the gradients of the whole batch."""
   cfg = toy_config()
   from albert_jax.model_config import ModelConfig
@@ -207,14 +240,14 @@ def test_task_objective_accumulation_matches_one_batch(toy):
   objective = ft.TaskObjective(model, toy)
   batch = {**toy_features(8, 5), "weights": np.ones(8, np.float32)}
   batch["weights"][-2:] = 0.0  # padding rows count for nothing
-  params = nn.meta.unbox(jax.jit(model.init, compiler_options=FAST_COMPILE)(
+  params = nn.meta.unbox(jax.jit(model.init, compiler_options=fast_compile)(
       jax.random.key(0), batch)["params"])
 
   def loss(p, b):
     dens = objective.denominators(batch)
     return objective.sums(p, b, None, True)["task_loss_sum"] / dens["task"]
 
-  grad = jax.jit(jax.grad(loss), compiler_options=FAST_COMPILE)
+  grad = jax.jit(jax.grad(loss), compiler_options=fast_compile)
   whole = grad(params, batch)
   parts = [grad(params, jax.tree.map(lambda x: x[i:i + 2], batch))
            for i in range(0, 8, 2)]
@@ -224,14 +257,15 @@ def test_task_objective_accumulation_matches_one_batch(toy):
       whole, summed)
   # And the zero-weight rows truly contribute nothing.
   sums = jax.jit(lambda p, b: objective.sums(p, b, None, True),
-                 compiler_options=FAST_COMPILE)
+                 compiler_options=fast_compile)
   trimmed = jax.tree.map(lambda x: x[:6], batch)
   np.testing.assert_allclose(sums(params, batch)["task_loss_sum"],
                              sums(params, trimmed)["task_loss_sum"],
                              rtol=1e-6)
 
 
-def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path):
+def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
+                                                              fast_compile):
   """config.init: the checkpoint's embeddings/encoder/pooler land in
   params["albert"] unchanged; config.model overrides only what is set."""
   transformers = pytest.importorskip("transformers")
@@ -266,7 +300,7 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path):
   abstract = jax.eval_shape(init, jax.random.key(0))
   shardings = step_lib.state_shardings(abstract, tx, mesh, rules)
   state, _ = step_lib.create_state_with(init, tx, mesh, rules,
-                                        jax.random.key(0), FAST_COMPILE)
+                                        jax.random.key(0), fast_compile)
   placed = ft._place_encoder(state, shardings, encoder)  # pylint: disable=protected-access
   for key in encoder:
     jax.tree.map(np.testing.assert_array_equal,

@@ -1,9 +1,7 @@
 """Tests for RACE fine-tuning: features (through TFDS's mock), the
 multiple-choice head and loss, accuracy per level and the predictions file."""
 
-import gzip
 import importlib.util
-import itertools
 import os
 
 import flax.linen as nn
@@ -14,18 +12,12 @@ import pytest
 from albert_jax.finetune import race
 from albert_jax.finetune import task as task_lib
 from albert_jax.model_config import ModelConfig
-from albert_jax.tokenizer import Tokenizer
 
 tfds = pytest.importorskip("tensorflow_datasets")
 tf = pytest.importorskip("tensorflow")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 SEQ = 40
-FAST = {"xla_backend_optimization_level": 0,
-        "xla_cpu_use_fusion_emitters": False,
-        "xla_llvm_disable_expensive_passes": True}
 
 ARTICLES = {
     "high": [{
@@ -46,14 +38,10 @@ ARTICLES = {
 }
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-  d = tmp_path_factory.mktemp("spm")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
-                                  encoding="utf-8")
-  return Tokenizer.train(str(d / "corpus.txt"), 300,
-                         output=d / "spiece.model", seed=1, num_threads=2)
+@pytest.fixture(name="tok", scope="module")
+def fixture_tok(tiny_tokenizer):
+  """conftest's 300-piece SentencePiece model."""
+  return tiny_tokenizer
 
 
 def _fake_race(articles=None):
@@ -156,7 +144,7 @@ def test_bad_records_are_refused(tok):
     _load(task, tok, seq=9)
 
 
-def test_head_loss_and_predict(tok):
+def test_head_loss_and_predict(tok, fast_compile):
   task = race.make_task("race/all", {"max_qa_length": 6})
   split = _load(task, tok)
   cfg = ModelConfig(vocab_size=tok.vocab_size, embedding_size=16,
@@ -168,7 +156,7 @@ def test_head_loss_and_predict(tok):
   batch = dict(split.features)
   batch["weights"] = np.array([1.0, 1.0, 0.0], np.float32)
   params = jax.jit(lambda r: model.init(r, batch, deterministic=True),
-                   compiler_options=FAST)(jax.random.key(0))["params"]
+                   compiler_options=fast_compile)(jax.random.key(0))["params"]
   params = nn.meta.unbox(params)
   assert params["head"]["output"]["kernel"].shape == (32, 1)
 
@@ -178,7 +166,7 @@ def test_head_loss_and_predict(tok):
     infer = model.apply({"params": params}, batch, deterministic=True)
     return train, infer, task.loss_sums(infer, batch), task.predict(infer,
                                                                     batch)
-  run = jax.jit(run, compiler_options=FAST)
+  run = jax.jit(run, compiler_options=fast_compile)
   train, infer, sums, preds = run(params, batch, jax.random.key(1))
   assert infer["logits"].shape == (3, 4)
   # Dropout on the pooled output (p=0.5) changes the training logits.

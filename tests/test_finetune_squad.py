@@ -30,9 +30,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
                       "sotu.txt.gz")
 SEQ = 48
-FAST = {"xla_backend_optimization_level": 0,
-        "xla_cpu_use_fusion_emitters": False,
-        "xla_llvm_disable_expensive_passes": True}
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +238,12 @@ def test_the_squad_config_makes_the_official_task(version):
           task.max_answer_length, task.data_dir) == (128, 64, 20, 30, None)
 
 
+def test_the_squad_config_refuses_an_unknown_version():
+  with pytest.raises(ValueError, match=r"Unknown SQuAD version '3\.0'; "
+                     r"choose one of \['1\.1', '2\.0'\]"):
+    _repo_config("squad", "version=3.0")
+
+
 def test_doc_windows():
   assert squad.doc_windows(10, 4, 3) == [(0, 4), (3, 4), (6, 4)]
   assert squad.doc_windows(10, 4, 2) == [(0, 4), (2, 4), (4, 4), (6, 4)]
@@ -400,7 +403,7 @@ def test_simple_v2_head_is_the_span_head():
 # The simple v2.0 head is the v1.1 one (same module, loss and predictions).
 @pytest.mark.parametrize("name,head", [("squad/v1.1", "span"),
                                        ("squad/v2.0", "official")])
-def test_head_loss_and_predict(tok, name, head):
+def test_head_loss_and_predict(tok, name, head, fast_compile):
   task = _task(name, **({} if head == "span" else {"v2_head": head}))
   assert task.head_kind == head
   split = _load(task, "validation", tok)
@@ -409,7 +412,7 @@ def test_head_loss_and_predict(tok, name, head):
   batch = {k: v[:3] for k, v in split.features.items()}
   batch["weights"] = np.array([1.0, 1.0, 0.0], np.float32)
   params = jax.jit(lambda r: model.init(r, batch, deterministic=True),
-                   compiler_options=FAST)(jax.random.key(0))["params"]
+                   compiler_options=fast_compile)(jax.random.key(0))["params"]
   params = nn.meta.unbox(params)
 
   def run(params, batch, rng):
@@ -418,7 +421,7 @@ def test_head_loss_and_predict(tok, name, head):
     infer = model.apply({"params": params}, batch, deterministic=True)
     return (train, task.loss_sums(train, batch), task.predict(infer, batch),
             infer)
-  run = jax.jit(run, compiler_options=FAST)
+  run = jax.jit(run, compiler_options=fast_compile)
   outputs, sums, preds, _ = run(params, batch, jax.random.key(1))
   k = task.start_n_top
   if task.head_kind == "official":

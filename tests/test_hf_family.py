@@ -1,7 +1,9 @@
 """albert_jax ↔ HF transformers BERT, RoBERTa and ELECTRA.
 
 Reference models are tiny, randomly initialised transformers models built
-here, every parameter perturbed so LayerNorms and biases count. All
+here, every parameter perturbed so LayerNorms and biases count (the builder
+and the parity checks are tests/hf_helpers.py's, shared with
+test_hf_interop). All
 comparisons are float32 on CPU, at non-padding positions only: HF lets a
 padded query row attend to the real tokens, while albert_jax returns a zero
 context for it; padded keys are masked identically and rows never mix outside
@@ -27,6 +29,10 @@ from albert_jax.model_config import ModelConfig
 from albert_jax.pretrained import CheckpointError
 from albert_jax.pretrained import load_pretrained
 from albert_jax.pretrained import Pretrained
+from hf_helpers import assert_parity
+from hf_helpers import assert_trees_equal
+from hf_helpers import hf_outputs
+from hf_helpers import Zoo
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -71,25 +77,15 @@ AUTO_CLASS = {
     "ElectraForMaskedLM": "AutoModelForMaskedLM",
     "ElectraModel": "AutoModel",
 }
-# Compared outputs at most this far from HF (max abs).
-TOLERANCE = {"sequence_output": 1e-5, "pooled_output": 1e-5,
-             "mlm_logits": 1e-4, "sop_logits": 1e-4, "rtd_logits": 1e-4}
 
 
 def family(case):
   return "electra" if case.startswith("electra") else case
 
 
-def build_hf(cls_name, case, seed):
-  """A random-init transformers model with every parameter perturbed."""
-  config = getattr(transformers, CONFIG_CLASS[case])(vocab_size=VOCAB,
-                                                     **CONFIGS[case])
-  torch.manual_seed(seed)
-  model = getattr(transformers, cls_name)(config).eval()
-  with torch.no_grad():
-    for p in model.parameters():  # Tied tensors are one Parameter: stay tied.
-      p.add_(0.1 * torch.randn_like(p))
-  return model
+def hf_config(case):
+  return getattr(transformers, CONFIG_CLASS[case])(vocab_size=VOCAB,
+                                                   **CONFIGS[case])
 
 
 def make_inputs(case, seed=0):
@@ -114,74 +110,9 @@ def make_inputs(case, seed=0):
   return ids, types, mask
 
 
-def hf_outputs(model, ids, types, mask):
-  """HF outputs under albert_jax's names, as NumPy."""
-  kw = dict(input_ids=torch.as_tensor(ids), token_type_ids=torch.as_tensor(
-      types), attention_mask=torch.as_tensor(mask))
-  base = getattr(model, model.base_model_prefix, model)
-  with torch.no_grad():
-    b = base(**kw)
-    out = {"sequence_output": b.last_hidden_state.numpy()}
-    if getattr(b, "pooler_output", None) is not None:
-      out["pooled_output"] = b.pooler_output.numpy()
-    if base is not model:
-      full = model(**kw)
-    if isinstance(model, transformers.BertForPreTraining):
-      out["mlm_logits"] = full.prediction_logits.numpy()
-      out["sop_logits"] = full.seq_relationship_logits.numpy()
-    elif isinstance(model, transformers.ElectraForPreTraining):
-      out["rtd_logits"] = full.logits.numpy()
-    elif "MaskedLM" in type(model).__name__:
-      out["mlm_logits"] = full.logits.numpy()
-  return out
-
-
-def assert_parity(ours, ref, mask):
-  """Same output names; each within TOLERANCE where the token is real."""
-  assert set(ours) == set(ref)
-  keep = np.asarray(mask, bool)
-  for name, want in ref.items():
-    got = np.asarray(ours[name], np.float32)
-    if name in ("pooled_output", "sop_logits"):  # read position 0
-      got, want = got[keep[:, 0]], want[keep[:, 0]]
-    else:
-      got, want = got[keep], want[keep]
-    assert got.shape == want.shape, name
-    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE[name],
-                               err_msg=name)
-
-
-def assert_trees_equal(a, b):
-  fa, ta = jax.tree.flatten_with_path(a)
-  fb, tb = jax.tree.flatten_with_path(b)
-  assert ta == tb
-  for (path, x), (_, y) in zip(fa, fb):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype and np.array_equal(x, y), jax.tree_util.keystr(
-        path)
-
-
-class Zoo:
-  """Saved HF checkpoints, built once per (case, class) for the module."""
-
-  def __init__(self, root):
-    self.root = root
-    self._saved = {}
-
-  def saved(self, case, cls_name):
-    """(HF model, its save_pretrained directory)."""
-    key = (case, cls_name)
-    if key not in self._saved:
-      model = build_hf(cls_name, case, seed=len(self._saved))
-      path = os.path.join(self.root, f"{case}-{cls_name}")
-      model.save_pretrained(path)
-      self._saved[key] = (model, path)
-    return self._saved[key]
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-  return Zoo(str(tmp_path_factory.mktemp("hf_family")))
+  return Zoo(str(tmp_path_factory.mktemp("hf_family")), hf_config)
 
 
 # --------------------------------------------------------------------------

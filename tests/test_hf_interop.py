@@ -2,8 +2,8 @@
 
 Every reference model is a tiny, randomly initialised transformers model built
 here (no hub access), with every parameter perturbed so that LayerNorm scales,
-biases and the MLM bias (which HF initialises to 1 / 0) are exercised too.
-All comparisons are float32 on CPU.
+biases and the MLM bias (which HF initialises to 1 / 0) are exercised too
+(tests/hf_helpers.py). All comparisons are float32 on CPU.
 
 Padding: HF lets padded *query* rows attend to the real tokens, while
 albert_jax's attention returns a zero context for padded query rows (segment
@@ -11,7 +11,7 @@ id 0), so the two differ at padding positions only. Padded keys are masked
 identically, and rows never mix outside attention, so they agree at every
 non-padding position, and only there are sequence outputs and MLM logits
 compared. Pooled output and SOP logits read position 0, which is never
-padding.
+padding here.
 """
 
 import json
@@ -36,6 +36,11 @@ from albert_jax.model_config import ModelConfig
 from albert_jax.pretrained import CheckpointError
 from albert_jax.pretrained import load_pretrained
 from albert_jax.pretrained import Pretrained
+from hf_helpers import assert_parity
+from hf_helpers import assert_trees_equal
+from hf_helpers import build_hf
+from hf_helpers import hf_outputs
+from hf_helpers import Zoo
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -63,9 +68,6 @@ CASES = {
                  num_hidden_groups=4, hidden_act="relu", type_vocab_size=3),
 }
 
-TOLERANCE = {"sequence_output": 1e-5, "pooled_output": 1e-5,
-             "mlm_logits": 1e-4, "sop_logits": 1e-4}
-
 AUTO_CLASS = {"AlbertForPreTraining": "AutoModelForPreTraining",
               "AlbertForMaskedLM": "AutoModelForMaskedLM",
               "AlbertModel": "AutoModel"}
@@ -75,16 +77,6 @@ def hf_config(case):
   return transformers.AlbertConfig(vocab_size=VOCAB,
                                    max_position_embeddings=MAX_POS,
                                    **CASES[case])
-
-
-def build_hf(cls_name, config, seed):
-  """A random-init transformers model with every parameter perturbed."""
-  torch.manual_seed(seed)
-  model = getattr(transformers, cls_name)(config).eval()
-  with torch.no_grad():
-    for p in model.parameters():  # Tied tensors are one Parameter: stay tied.
-      p.add_(0.1 * torch.randn_like(p))
-  return model
 
 
 def make_inputs(type_vocab_size, seed=0):
@@ -98,79 +90,10 @@ def make_inputs(type_vocab_size, seed=0):
   return ids, token_types, mask
 
 
-def hf_outputs(model, ids, token_types=None, mask=None):
-  """HF outputs under albert_jax's names, as NumPy."""
-  kw = {"input_ids": torch.as_tensor(ids)}
-  if token_types is not None:
-    kw["token_type_ids"] = torch.as_tensor(token_types)
-  if mask is not None:
-    kw["attention_mask"] = torch.as_tensor(mask)
-  base = getattr(model, "albert", model)
-  with torch.no_grad():
-    b = base(**kw)
-    out = {"sequence_output": b.last_hidden_state.numpy()}
-    if b.pooler_output is not None:
-      out["pooled_output"] = b.pooler_output.numpy()
-    if isinstance(model, transformers.AlbertForPreTraining):
-      full = model(**kw)
-      out["mlm_logits"] = full.prediction_logits.numpy()
-      out["sop_logits"] = full.sop_logits.numpy()
-    elif isinstance(model, transformers.AlbertForMaskedLM):
-      out["mlm_logits"] = model(**kw).logits.numpy()
-  return out
-
-
-def assert_parity(ours, ref, mask=None):
-  """Same output names; each within TOLERANCE at non-padding positions."""
-  assert set(ours) == set(ref)
-  keep = (np.ones(ref["sequence_output"].shape[:2], bool) if mask is None
-          else np.asarray(mask, bool))
-  for name, want in ref.items():
-    got = np.asarray(ours[name], np.float32)
-    if name in ("sequence_output", "mlm_logits"):
-      got, want = got[keep], want[keep]
-    assert got.shape == want.shape, name
-    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE[name],
-                               err_msg=name)
-
-
-def assert_trees_equal(a, b):
-  fa, ta = jax.tree.flatten_with_path(a)
-  fb, tb = jax.tree.flatten_with_path(b)
-  assert ta == tb
-  for (path, x), (_, y) in zip(fa, fb):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype and np.array_equal(x, y), jax.tree_util.keystr(
-        path)
-
-
-class Zoo:
-  """Saved HF checkpoints, built once per (case, class) for the module."""
-
-  def __init__(self, root):
-    self.root = root
-    self._saved = {}
-
-  def saved(self, case="groups", cls_name="AlbertForPreTraining"):
-    """(HF model, its save_pretrained directory)."""
-    key = (case, cls_name)
-    if key not in self._saved:
-      model = build_hf(cls_name, hf_config(case), seed=len(self._saved))
-      path = os.path.join(self.root, f"{case}-{cls_name}")
-      model.save_pretrained(path)
-      self._saved[key] = (model, path)
-    return self._saved[key]
-
-  def copy(self, dest, case="groups", cls_name="AlbertForPreTraining"):
-    """A writable copy of a saved checkpoint directory at `dest`."""
-    _, path = self.saved(case, cls_name)
-    shutil.copytree(path, dest, dirs_exist_ok=True)
-    return str(dest)
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-  return Zoo(str(tmp_path_factory.mktemp("hf_checkpoints")))
+  return Zoo(str(tmp_path_factory.mktemp("hf_checkpoints")), hf_config,
+             default=("groups", "AlbertForPreTraining"))
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +211,7 @@ def test_to_hf_round_trip_is_exact(zoo, tmp_path, cls_name):
     assert json.load(f)["architectures"] == [cls_name]
 
 
-def test_albert_jax_init_to_hf_matches(tmp_path):
+def test_albert_jax_init_to_hf_matches(tmp_path, fast_compile):
   """Params from `Albert(cfg).init` → to_hf → HF computes the same outputs."""
   cfg = ModelConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32,
                     num_hidden_layers=4, num_attention_heads=4,
@@ -300,7 +223,7 @@ def test_albert_jax_init_to_hf_matches(tmp_path):
   # needs the values, not fast init code, so compile it unoptimised.
   args = (jax.random.key(0), jnp.asarray(ids))
   init = jax.jit(models.Albert(cfg).init).lower(*args).compile(
-      compiler_options={"xla_backend_optimization_level": 0})
+      compiler_options=fast_compile)
   params = nn.meta.unbox(init(*args)["params"])
   # Perturb (LayerNorm and biases init to 1 / 0) with NumPy: per-shape jax
   # RNG calls would each compile.

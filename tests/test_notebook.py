@@ -6,8 +6,6 @@ SentencePiece vocabulary); its printed fill-in and fine-tuning results are
 checked against transformers and the run's own metrics file.
 """
 
-import gzip
-import itertools
 import json
 import os
 import re
@@ -30,21 +28,14 @@ transformers.utils.logging.disable_progress_bar()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, "experiments", "colab_quickstart.ipynb")
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 HIDDEN = 32
 CELL_TIMEOUT_S = 300  # One core shared with other work; the whole run ~30 s.
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, tiny_tokenizer):
   """(HF AlbertForPreTraining, its directory with spiece.model)."""
-  d = tmp_path_factory.mktemp("spm")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
-                                  encoding="utf-8")
-  tok = Tokenizer.train(str(d / "corpus.txt"), 300,
-                        output=d / "spiece.model", seed=1, num_threads=1)
+  tok = tiny_tokenizer
   config = transformers.AlbertConfig(
       vocab_size=tok.vocab_size, embedding_size=16, hidden_size=HIDDEN,
       num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

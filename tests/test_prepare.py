@@ -24,6 +24,7 @@ import pytest
 from albert_jax.data import documents as docs_lib
 from albert_jax.data import instances as inst_lib
 from albert_jax.data import prepare as prep
+from albert_jax.data import shards
 from albert_jax.tokenizer import Tokenizer
 
 BUNDLED = os.path.join(os.path.dirname(prep.__file__), "bundled", "corpus")
@@ -253,7 +254,7 @@ def test_blocks_stream_lazily():
     for i in itertools.count():
       yield [f"Sentence {i}.", "Another."]
   config = prep.PrepareConfig("unused", "unused", docs_per_block=3)
-  split, block, first, docs = next(prep._blocks(endless(), config))  # pylint: disable=protected-access
+  split, block, first, docs = next(shards.document_blocks(endless(), config))
   assert (split, block, first, len(docs)) == ("train", 0, 0, 3)
 
 

@@ -1,4 +1,5 @@
-"""albert_jax.report: the event reader, the run table and the curves.
+"""albert_jax.report and the event reader it uses (albert_jax.events): the
+reader, the run table and the curves.
 
 Runs are faked: a real config's config.json, a final_metrics.json and
 TensorBoard events written by the trainer's own `metrics.Writer`. The
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from matplotlib import image as mpimg
 import pytest
 
+from albert_jax import events as events_lib
 from albert_jax import metrics
 from albert_jax import report
 from albert_jax import sweep
@@ -39,7 +41,7 @@ def test_event_reader_round_trips_the_writer(tmp_path):
   w.write(7, {"train/loss": 1.25, "train/mfu": None, "bad": float("nan")})
   w.close()
   (path,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
-  events = [report.parse_event(r) for r in report.read_records(path)]
+  events = [events_lib.parse_event(r) for r in events_lib.read_records(path)]
   assert events[0].file_version == "brain.Event:2"
   assert [(e.step, e.scalars) for e in events] == [
       (0, {}), (3, {"train/loss": 1.5, "eval/mlm_accuracy": 0.25}),
@@ -50,9 +52,12 @@ def test_event_reader_round_trips_the_writer(tmp_path):
   w.write(7, {"train/loss": 0.75})
   w.write(9, {"train/loss": 0.5})
   w.close()
-  assert report.read_scalars(str(tmp_path)) == {
+  assert events_lib.read_scalars(str(tmp_path)) == {
       "train/loss": [(3, 1.5), (7, 0.75), (9, 0.5)],
       "eval/mlm_accuracy": [(3, 0.25)]}
+  # The reader's names are still albert_jax.report's.
+  assert (report.read_records, report.parse_event, report.read_scalars) == (
+      events_lib.read_records, events_lib.parse_event, events_lib.read_scalars)
 
 
 tags = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)),
@@ -70,7 +75,7 @@ def test_event_reader_round_trips_any_scalars(writes):
       w.write(step, scalars)
     w.close()
     (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
-    events = [report.parse_event(r) for r in report.read_records(path)]
+    events = [events_lib.parse_event(r) for r in events_lib.read_records(path)]
   assert [(e.step, e.scalars) for e in events[1:]] == writes
 
 
@@ -81,19 +86,19 @@ def test_a_cut_off_last_record_ends_the_file_and_a_bad_crc_fails(tmp_path):
   w.close()
   (path,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
   data = pathlib.Path(path).read_bytes()
-  last = len(data) - len(list(report.read_records(path))[-1]) - 16
+  last = len(data) - len(list(events_lib.read_records(path))[-1]) - 16
   pathlib.Path(path).write_bytes(data[:-3])  # killed while writing step 2
-  assert report.read_scalars(str(tmp_path)) == {"a": [(1, 1.0)]}
+  assert events_lib.read_scalars(str(tmp_path)) == {"a": [(1, 1.0)]}
   flipped = bytearray(data)
   flipped[-6] ^= 1  # inside step 2's float
   pathlib.Path(path).write_bytes(bytes(flipped))
-  with pytest.raises(report.ReportError,
+  with pytest.raises(events_lib.EventFileError,
                      match=f"corrupt record at byte {last}"):
-    list(report.read_records(path))
+    list(events_lib.read_records(path))
   pathlib.Path(path).write_bytes(data[:8] + b"\0\0\0\0" + data[12:])
-  with pytest.raises(report.ReportError, match="corrupt record header at "
-                     "byte 0"):
-    list(report.read_records(path))
+  with pytest.raises(events_lib.EventFileError,
+                     match="corrupt record header at byte 0"):
+    list(events_lib.read_records(path))
 
 
 # Fake runs.
@@ -239,6 +244,14 @@ def _remove(path):
     os.remove(f)
 
 
+def _flip_last_value(run):
+  """Flips a bit inside the last scalar of a run's event file."""
+  (path,) = glob.glob(f"{run}/tensorboard/events.out.tfevents.*")
+  data = bytearray(pathlib.Path(path).read_bytes())
+  data[-6] ^= 1
+  pathlib.Path(path).write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("broken,message", [
     (lambda d: _remove(f"{d}/config.json"),
      "is not a finished pre-training run (a workdir of python -m "
@@ -253,6 +266,7 @@ def _remove(path):
     (lambda d: pathlib.Path(d, "config.json").write_text(
         '{"job": "finetune"}'),
      "is a finetune run; the report compares pre-training runs."),
+    (_flip_last_value, "/tensorboard/events.out.tfevents."),
 ])
 def test_a_dir_that_is_not_a_run_is_named(runs, tmp_path, capsys, broken,
                                           message):

@@ -27,8 +27,7 @@ persistent compilation cache, and XLA's backend optimisations are off (as in
 test_models), which keeps the four launches within budget.
 """
 
-import gzip
-import itertools
+import json
 import os
 import signal
 import subprocess
@@ -43,13 +42,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from albert_jax import models
-from albert_jax.data import prepare as prep
 from albert_jax.pretrained import load_pretrained
 from albert_jax.tokenizer import Tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 VOCAB, SEQ, STEPS, EVERY = 300, 32, 12, 3
 KILL_AFTER, HANG_AT, TERM_AT = 6, 8, 10  # TERM_AT: state step when signalled
 TIMEOUT = 300
@@ -98,23 +94,16 @@ main.run()
 """
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-  """A 300-piece tokenizer and ≈200 SOP instances of length 32."""
-  d = tmp_path_factory.mktemp("dataset")
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    lines = [line.strip() for line in itertools.islice(f, 400)]
-  (d / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-  tok = Tokenizer.train(str(d / "corpus.txt"), VOCAB,
-                        output=d / "spm" / "spiece.model", seed=1,
-                        num_threads=2)
-  docs = [[s for s in lines[i:i + 6] if s] for i in range(0, len(lines), 6)]
-  config = prep.PrepareConfig(tokenizer=tok.path, output_dir=str(d / "data"),
-                              max_seq_length=SEQ, docs_per_block=100,
-                              eval_fraction=0.0, seed=0)
-  meta = prep.prepare(iter(docs), config, progress=None)
+@pytest.fixture(name="dataset", scope="module")
+def fixture_dataset(tiny_sop_dataset):
+  """conftest's 300-piece tokenizer (loaded) and ≈200 SOP instances of
+  length 32."""
+  tokenizer, data_dir = tiny_sop_dataset
+  with open(os.path.join(data_dir, "dataset.json"), encoding="utf-8") as f:
+    meta = json.load(f)
+  assert (meta["vocab_size"], meta["max_seq_length"]) == (VOCAB, SEQ)
   assert meta["splits"]["train"]["instances"] >= 100
-  return tok, str(d / "data")
+  return Tokenizer.from_file(tokenizer), data_dir
 
 
 def _command(workdir, dataset):

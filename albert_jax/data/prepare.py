@@ -18,7 +18,8 @@ are cut in the reading process, so the output is byte-identical for any
 number of workers. Masking is not materialised: the loader masks on the fly
 (statically or dynamically), so one prepared dataset serves both. A
 deterministic fraction of documents (`--eval_fraction`, by document index
-hash) goes to `eval-*` shards for held-out evaluation.
+hash) goes to `eval-*` shards for held-out evaluation. The blocks, and the
+worker that writes each one's shard, are `albert_jax.data.shards`.
 """
 
 from __future__ import annotations
@@ -27,24 +28,29 @@ import argparse
 import concurrent.futures
 import dataclasses
 import glob
-import hashlib
 import json
 import logging
 import multiprocessing
 import os
 import sys
-import time
 from typing import Iterator, Mapping, Sequence, TextIO
 
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
+from albert_jax.data import shards
+from albert_jax.data.shards import is_eval_document
+from albert_jax.data.shards import shard_name
+from albert_jax.data.shards import SPLITS
+
+# Blocks and their shards are albert_jax.data.shards's; callers know
+# is_eval_document and shard_name as this module's.
+__all__ = ["CLI_OPTIONS", "FORMAT", "SPLITS", "PrepareConfig",
+           "is_eval_document", "main", "open_documents", "prepare",
+           "shard_name", "summary"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "albert_jax.instances/1"
-SPLITS = ("train", "eval")
-_MAX_BLOCK_CHARS = 1 << 25  # bounds a block's memory when documents are huge
-_TOKENIZER = None  # one per worker process, loaded by _init_worker
 # What an error asks the user to change, by the names of this CLI's flags;
 # other front ends (the trainer) pass their own names to `prepare`.
 CLI_OPTIONS = {"input": "--input", "format": "--format",
@@ -83,109 +89,6 @@ class PrepareConfig:
       raise ValueError("num_workers must be >= 1.")
 
 
-def is_eval_document(index: int, fraction: float) -> bool:
-  """Deterministic held-out choice by document index."""
-  if fraction <= 0:
-    return False
-  digest = hashlib.sha256(f"doc{index}".encode()).digest()
-  return int.from_bytes(digest[:8], "little") / 2**64 < fraction
-
-
-def _init_worker(tokenizer_path: str) -> None:
-  global _TOKENIZER
-  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
-  _TOKENIZER = Tokenizer.from_file(tokenizer_path)
-
-
-def _process_block(split: str, block: int, first_index: int,
-                   docs: list[list[str]], config: PrepareConfig
-                   ) -> tuple[str, instances_lib.Stats]:
-  """Tokenises a block of documents and writes its shard; returns counts."""
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  tok = _TOKENIZER
-  # Sentences that tokenise to nothing (e.g. only control characters) would
-  # make empty segments; drop them.
-  tokenised = [[ids for ids in map(tok.encode, doc) if ids] for doc in docs]
-  made, stats = instances_lib.create_instances(
-      tokenised, config.instance_config(), config.seed, tok.cls_id,
-      tok.sep_id, first_index=first_index)
-  path = os.path.join(config.output_dir, shard_name(split, block))
-  tmp = path + ".tmp"
-  # group_size:1 makes every record randomly accessible on its own, which
-  # the loader's global shuffle needs.
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
-  for inst in made:
-    writer.write(instances_lib.to_bytes(inst))
-  writer.close()
-  os.replace(tmp, path)  # a shard is either whole or absent
-  return path, stats
-
-
-def shard_name(split: str, block: int) -> str:
-  return f"{split}-{block:05d}.arrayrecord"
-
-
-def _blocks(docs: Iterator[list[str]], config: PrepareConfig
-            ) -> Iterator[tuple[str, int, int, list[list[str]]]]:
-  """(split, block number, first document index in split, documents)."""
-  buffers = {s: [] for s in SPLITS}
-  chars = {s: 0 for s in SPLITS}
-  firsts = {s: 0 for s in SPLITS}
-  counts = {s: 0 for s in SPLITS}
-  seen = {s: 0 for s in SPLITS}
-  for index, doc in enumerate(docs):
-    split = "eval" if is_eval_document(index, config.eval_fraction) else "train"
-    if not buffers[split]:
-      firsts[split] = seen[split]
-    buffers[split].append(doc)
-    chars[split] += sum(map(len, doc))
-    seen[split] += 1
-    if (len(buffers[split]) >= config.docs_per_block
-        or chars[split] >= _MAX_BLOCK_CHARS):
-      yield split, counts[split], firsts[split], buffers[split]
-      counts[split] += 1
-      buffers[split], chars[split] = [], 0
-  for split in SPLITS:
-    if buffers[split]:
-      yield split, counts[split], firsts[split], buffers[split]
-
-
-class _InProcess(concurrent.futures.Executor):
-  """num_workers=1: run blocks here, skipping process start-up and pickling."""
-
-  def submit(self, fn, /, *args, **kwargs):
-    future = concurrent.futures.Future()
-    future.set_result(fn(*args, **kwargs))
-    return future
-
-
-class _Progress:
-  """A one-line progress bar: documents, documents/s, instances, ETA."""
-
-  def __init__(self, stream: TextIO | None,
-               read_stats: documents_lib.ReadStats | None):
-    self.stream, self.read_stats = stream, read_stats
-    self.start = self.last = time.time()
-
-  def update(self, documents: int, instances: int, final: bool = False):
-    now = time.time()
-    if self.stream is None or (not final and now - self.last < 0.5):
-      return
-    self.last = now
-    rate = documents / max(now - self.start, 1e-9)
-    text = (f"prepare: {documents:,} documents ({rate:,.0f}/s), "
-            f"{instances:,} instances")
-    rs = self.read_stats
-    if rs is not None and rs.total_documents:
-      frac = min(documents / rs.total_documents, 1.0)
-      eta = (rs.total_documents - documents) / max(rate, 1e-9)
-      text += f", {frac:.0%} of {rs.total_documents:,}, ETA {eta:,.0f}s"
-    elif rs is not None and rs.total_files:
-      text += f", file {rs.files}/{rs.total_files}"
-    end = "\n" if final else ""
-    print(f"\r{text}", end=end, file=self.stream, flush=True)
-
-
 def prepare(docs: Iterator[list[str]], config: PrepareConfig,
             read_stats: documents_lib.ReadStats | None = None,
             progress: TextIO | None = sys.stderr,
@@ -219,16 +122,16 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
   _clear_outputs(config.output_dir)
   totals = {s: instances_lib.Stats() for s in SPLITS}
   files = {s: [] for s in SPLITS}
-  bar = _Progress(progress, read_stats)
+  bar = shards.Progress(progress, read_stats)
   if config.num_workers == 1:
-    _init_worker(config.tokenizer)
-    pool = _InProcess()
+    shards.init_worker(config.tokenizer)
+    pool = shards.InProcess()
   else:
     # spawn, not fork: the parent may hold JAX/TF threads, and forking a
     # multithreaded process can deadlock the child.
     pool = concurrent.futures.ProcessPoolExecutor(
         config.num_workers, mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker, initargs=(config.tokenizer,))
+        initializer=shards.init_worker, initargs=(config.tokenizer,))
   pending: list[tuple[str, concurrent.futures.Future]] = []
 
   def drain(limit: int) -> None:
@@ -249,8 +152,9 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
 
   try:
     with pool:
-      for split, block, first, block_docs in _blocks(docs, config):
-        pending.append((split, pool.submit(_process_block, split, block,
+      for split, block, first, block_docs in shards.document_blocks(
+          docs, config):
+        pending.append((split, pool.submit(shards.write_block, split, block,
                                            first, block_docs, config)))
         drain(2 * config.num_workers)
       drain(0)

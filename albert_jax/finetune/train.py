@@ -145,6 +145,14 @@ def _majority_label(split) -> int | None:
   return int(np.argmax(np.bincount(valid))) if valid.size else None
 
 
+def data_name(config, task: Task) -> str:
+  """What a run fine-tunes on, as its summary names it: the user's file (the
+  one `data.split_from` cut up, else `data.train_file`) or the task's
+  dataset ("glue/mrpc")."""
+  source = config.data.get("split_from") or config.data.get("train_file")
+  return os.path.basename(source) if source else task.name
+
+
 def run(config, workdir: str) -> dict[str, Any]:
   """Fine-tunes per `config` in `workdir`; returns the final metrics."""
   ##############################################################################
@@ -264,7 +272,8 @@ def run(config, workdir: str) -> dict[str, Any]:
             split.features["labels"] == majority))
     if jax.process_index() == 0:
       written += task.write_predictions(preds, split, pred_dir)
-  result = {"task": task.name, "step": final_step, "best_step": best_step,
+  result = {"task": task.name, "data": data_name(config, task),
+            "step": final_step, "best_step": best_step,
             "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in best_eval.items()},
             "predictions": written}

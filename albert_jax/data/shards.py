@@ -1,0 +1,133 @@
+"""The corpus in blocks, and each block's shard written by a worker.
+
+`document_blocks` cuts the document stream into blocks of at most
+`docs_per_block` documents (fewer when they hold over 32M characters), per
+split, in the reading process; `write_block` tokenises one block, makes its
+instances and writes its ArrayRecord shard, in a worker process (or in
+process, `InProcess`, for one worker). Document d's randomness depends only
+on (seed, dupe, d), so the shards are byte-identical for any number of
+workers. `albert_jax.data.prepare` drives them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import time
+from typing import TYPE_CHECKING, Iterator, TextIO
+
+from albert_jax.data import documents as documents_lib
+from albert_jax.data import instances as instances_lib
+
+if TYPE_CHECKING:
+  from albert_jax.data.prepare import PrepareConfig
+
+SPLITS = ("train", "eval")
+_MAX_BLOCK_CHARS = 1 << 25  # bounds a block's memory when documents are huge
+_TOKENIZER = None  # one per worker process, loaded by init_worker
+
+
+def is_eval_document(index: int, fraction: float) -> bool:
+  """Deterministic held-out choice by document index."""
+  if fraction <= 0:
+    return False
+  digest = hashlib.sha256(f"doc{index}".encode()).digest()
+  return int.from_bytes(digest[:8], "little") / 2**64 < fraction
+
+
+def init_worker(tokenizer_path: str) -> None:
+  """Loads the tokenizer `write_block` uses, once per worker process."""
+  global _TOKENIZER
+  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  _TOKENIZER = Tokenizer.from_file(tokenizer_path)
+
+
+def write_block(split: str, block: int, first_index: int,
+                docs: list[list[str]], config: PrepareConfig
+                ) -> tuple[str, instances_lib.Stats]:
+  """Tokenises a block of documents and writes its shard; returns counts."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  tok = _TOKENIZER
+  # Sentences that tokenise to nothing (e.g. only control characters) would
+  # make empty segments; drop them.
+  tokenised = [[ids for ids in map(tok.encode, doc) if ids] for doc in docs]
+  made, stats = instances_lib.create_instances(
+      tokenised, config.instance_config(), config.seed, tok.cls_id,
+      tok.sep_id, first_index=first_index)
+  path = os.path.join(config.output_dir, shard_name(split, block))
+  tmp = path + ".tmp"
+  # group_size:1 makes every record randomly accessible on its own, which
+  # the loader's global shuffle needs.
+  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
+  for inst in made:
+    writer.write(instances_lib.to_bytes(inst))
+  writer.close()
+  os.replace(tmp, path)  # a shard is either whole or absent
+  return path, stats
+
+
+def shard_name(split: str, block: int) -> str:
+  """The file name of a split's block-th shard."""
+  return f"{split}-{block:05d}.arrayrecord"
+
+
+def document_blocks(docs: Iterator[list[str]], config: PrepareConfig
+                    ) -> Iterator[tuple[str, int, int, list[list[str]]]]:
+  """(split, block number, first document index in split, documents)."""
+  buffers = {s: [] for s in SPLITS}
+  chars = {s: 0 for s in SPLITS}
+  firsts = {s: 0 for s in SPLITS}
+  counts = {s: 0 for s in SPLITS}
+  seen = {s: 0 for s in SPLITS}
+  for index, doc in enumerate(docs):
+    split = "eval" if is_eval_document(index, config.eval_fraction) else "train"
+    if not buffers[split]:
+      firsts[split] = seen[split]
+    buffers[split].append(doc)
+    chars[split] += sum(map(len, doc))
+    seen[split] += 1
+    if (len(buffers[split]) >= config.docs_per_block
+        or chars[split] >= _MAX_BLOCK_CHARS):
+      yield split, counts[split], firsts[split], buffers[split]
+      counts[split] += 1
+      buffers[split], chars[split] = [], 0
+  for split in SPLITS:
+    if buffers[split]:
+      yield split, counts[split], firsts[split], buffers[split]
+
+
+class InProcess(concurrent.futures.Executor):
+  """num_workers=1: run blocks here, skipping process start-up and pickling."""
+
+  def submit(self, fn, /, *args, **kwargs):
+    future = concurrent.futures.Future()
+    future.set_result(fn(*args, **kwargs))
+    return future
+
+
+class Progress:
+  """A one-line progress bar: documents, documents/s, instances, ETA."""
+
+  def __init__(self, stream: TextIO | None,
+               read_stats: documents_lib.ReadStats | None):
+    self.stream, self.read_stats = stream, read_stats
+    self.start = self.last = time.time()
+
+  def update(self, documents: int, instances: int, final: bool = False):
+    now = time.time()
+    if self.stream is None or (not final and now - self.last < 0.5):
+      return
+    self.last = now
+    rate = documents / max(now - self.start, 1e-9)
+    text = (f"prepare: {documents:,} documents ({rate:,.0f}/s), "
+            f"{instances:,} instances")
+    rs = self.read_stats
+    if rs is not None and rs.total_documents:
+      frac = min(documents / rs.total_documents, 1.0)
+      eta = (rs.total_documents - documents) / max(rate, 1e-9)
+      text += f", {frac:.0%} of {rs.total_documents:,}, ETA {eta:,.0f}s"
+    elif rs is not None and rs.total_files:
+      text += f", file {rs.files}/{rs.total_files}"
+    end = "\n" if final else ""
+    print(f"\r{text}", end=end, file=self.stream, flush=True)
