@@ -7,7 +7,8 @@ A single `nn.scan` walks the applied blocks: an unshared stack is scanned over
 (slice i for block i), a shared stack is broadcast to every iteration and
 indexed by the official group mapping. Depth therefore never unrolls into the
 graph, and BERT is `share="none"` of the same code. GPT-1 is the same stack
-with `causal` attention and the tied next-token "lm" head.
+with `causal` attention and the tied next-token "lm" head. The heads' modules
+(`MLMHead`, `RTDHead`, `LMHead`) are in `albert_jax.lm_heads`.
 
 Shapes: B batch, T sequence, H hidden, E embedding, V vocab, P predictions.
 """
@@ -22,6 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import layers
+# The heads live in lm_heads; imported here so `models.MLMHead` etc. and
+# every existing import keep working.
+from albert_jax.lm_heads import gather_positions
+from albert_jax.lm_heads import LMHead
+from albert_jax.lm_heads import MLMHead
+from albert_jax.lm_heads import RTDHead
 from albert_jax.model_config import ModelConfig
 from albert_jax.ops import attention as attention_ops
 
@@ -227,71 +234,6 @@ class Encoder(nn.Module):
     return x
 
 
-class MLMHead(nn.Module):
-  """dense H→E → activation → LayerNorm → x·Wordᵀ + output_bias."""
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x, embeddings: Embeddings):
-    """[..., H] → [..., V], tied to `embeddings`' word table."""
-    cfg = self.config
-    y = layers.Dense((cfg.embedding_size,), ("embed", "embedding"),
-                     init_range=cfg.initializer_range,
-                     dtype=cfg.compute_dtype,
-                     param_dtype=cfg.parameter_dtype, name="transform")(x)
-    y = layers.activation(cfg.mlm_activation)(y)
-    y = layers.LayerNorm(cfg.layer_norm_eps, axis_name="embedding",
-                         dtype=cfg.compute_dtype,
-                         param_dtype=cfg.parameter_dtype,
-                         name="layer_norm")(y)
-    logits = embeddings.attend(y)
-    bias = self.param("output_bias",
-                      nn.with_logical_partitioning(nn.initializers.zeros,
-                                                   ("vocab",)),
-                      (cfg.vocab_size,), cfg.parameter_dtype)
-    return logits + bias.astype(logits.dtype)
-
-
-class RTDHead(nn.Module):
-  """ELECTRA's discriminator: dense H→H → activation → dense H→1."""
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x):
-    """[B, T, H] → [B, T] logits that each token was replaced."""
-    cfg = self.config
-    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
-              param_dtype=cfg.parameter_dtype)
-    y = layers.Dense((cfg.hidden_size,), ("embed", "embed_out"),
-                     name="transform", **kw)(x)
-    y = layers.activation(cfg.hidden_act)(y)
-    y = layers.Dense((1,), ("embed_out", "classes"), name="output", **kw)(y)
-    return y[..., 0]
-
-
-class LMHead(nn.Module):
-  """GPT-1's next-token decoder: logits = h·Wordᵀ, tied to the word table.
-
-  GPT-1 decodes the last block's output directly (no transform, no bias).
-  With ALBERT's factorised embedding (an E→H projection) the hidden state is
-  first mapped back H→E by a learned linear layer: the table is [V, E], and
-  the transpose of the input projection would tie the output to a map that
-  was learned for the other direction.
-  """
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x, embeddings: Embeddings):
-    """[..., H] → [..., V]."""
-    cfg = self.config
-    if cfg.embedding_projection:
-      x = layers.Dense((cfg.embedding_size,), ("embed", "embedding"),
-                       init_range=cfg.initializer_range,
-                       dtype=cfg.compute_dtype,
-                       param_dtype=cfg.parameter_dtype, name="transform")(x)
-    return embeddings.attend(x)
-
-
 def last_token_index(attention_mask: jax.Array) -> jax.Array:
   """[B, T] mask (0 = padding) → [B] index of each row's last non-padding
   token (0 for a row of padding only)."""
@@ -308,11 +250,6 @@ def padding_position_ids(input_ids: jax.Array, pad_token_id: int
   """
   real = (input_ids != pad_token_id).astype(jnp.int32)
   return jnp.cumsum(real, axis=1) * real + pad_token_id
-
-
-def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
-  """[B, T, H] at [B, P] int positions → [B, P, H]."""
-  return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
 
 
 class Albert(nn.Module):

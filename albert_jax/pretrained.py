@@ -302,6 +302,12 @@ def load_pretrained(path: str, step: int | None = None,
       the only checkpoint, else `model.ckpt-best`, else the newest).
     **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
       attention_impl="xla"; shape-defining fields must match the weights.
+      One more keyword applies to ELECTRA training workdirs only:
+      electra_part="discriminator" (the default; HF's
+      ElectraForPreTraining, heads ("rtd",)) or "generator" (its masked LM,
+      ElectraForMaskedLM, heads ("mlm",)). The run stores both over one
+      embedding table; the part's parameters are taken from it. An HF
+      ELECTRA directory holds one part already and takes no electra_part.
 
   Returns:
     A `Pretrained`. Heads the checkpoint lacks are listed in `.missing` and
@@ -309,9 +315,9 @@ def load_pretrained(path: str, step: int | None = None,
 
   Raises:
     CheckpointError: not a checkpoint directory, an unsupported model type,
-      unreadable weights, a workdir without checkpoints, or a config whose
+      unreadable weights, a workdir without checkpoints, a config whose
       shapes differ from the weights' (the message lists the mismatched
-      tensors).
+      tensors), or electra_part for anything but an ELECTRA workdir.
   """
   path = os.fspath(path)
   if not os.path.isdir(path):
@@ -321,6 +327,15 @@ def load_pretrained(path: str, step: int | None = None,
     loaded = workdir_loading.load(path, workdir_config, step, overrides)
     return Pretrained(config=_to_config_dict(loaded["model_config"]),
                       **loaded)
+  if "electra_part" in overrides:
+    raise CheckpointError(
+        f"electra_part={overrides['electra_part']!r} applies to ELECTRA "
+        f"training workdirs only (an albert_jax workdir of a "
+        f"pretraining='electra' run, which stores generator and "
+        f"discriminator together); {path} is not a training workdir. An HF "
+        "ELECTRA directory holds one part already (ElectraForPreTraining: "
+        "the discriminator, ElectraForMaskedLM: the generator): load it "
+        "without electra_part.")
   if tf_checkpoint.is_release_dir(path):
     loaded = tf_checkpoint.load(path, step, overrides)
     return _finish(path, "albert", **loaded)

@@ -14,6 +14,7 @@ import pytest
 
 from albert_jax import Albert
 from albert_jax import ModelConfig
+from albert_jax import pretraining
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
@@ -46,6 +47,18 @@ ARGS = {
     "squad": ["version=1.1", "version=2.0"],
     "race": ["subset=all", "subset=high", "subset=middle"],
     "classify": ["", "steps=50,lr=1e-4,batch=8,seq=64"],
+    "demo": ["", "steps=100,finetune_steps=0", "quick"],
+    "roberta_base": ["size=base", "size=tiny"],
+    "gpt_small": ["", "tiny", "epochs=3,corpus_tokens=1000000"],
+    "electra_small": ["", "tiny"],
+    "electra_base": ["", "tiny"],
+}
+# The objective (`config.pretraining`) each pre-training file selects.
+KINDS = {
+    **{n: "masked_lm" for n in PRETRAIN_NAMES},
+    "gpt_small": "causal_lm",
+    "electra_small": "electra",
+    "electra_base": "electra",
 }
 
 
@@ -137,6 +150,10 @@ def test_every_config_loads_and_round_trips(name):
   assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_args_cover_every_config_file():
+  assert sorted(ARGS) == CONFIG_NAMES
+
+
 @pytest.mark.parametrize("name,arg",
                          [(n, a) for n, args in ARGS.items() for a in args])
 def test_arg_string_through_config_flags(name, arg):
@@ -145,8 +162,18 @@ def test_arg_string_through_config_flags(name, arg):
   config = parse_flags(spec)
   assert config.is_locked
   assert config.to_dict() == get_config(name, arg or None).to_dict()
-  if name not in FINETUNE_NAMES:
-    ModelConfig.from_dict(config.model)
+  if name in FINETUNE_NAMES:
+    return
+  cfg = ModelConfig.from_dict(config.model)
+  # What the trainer builds from it: objective, model and FLOPs, validated
+  # (no tracing or compiling).
+  setup = pretraining.setup(config)
+  assert pretraining.kind(config) == KINDS[name]
+  assert setup.model_config == cfg
+  assert setup.flops_per_step > 0
+  assert setup.masked == (KINDS[name] != "causal_lm")
+  batch, seq = config.batch_size, config.data.max_seq_length
+  assert setup.batch_shapes["input_ids"] == ((batch, seq), jnp.int32)
 
 
 @pytest.mark.parametrize("size", ALBERT_SIZES)

@@ -19,17 +19,23 @@ from albert_jax import Albert
 from albert_jax import ModelConfig
 from albert_jax import config_lib
 from albert_jax import flops
+from albert_jax import pretraining
 from albert_jax import summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def load_config(name, arg=None):
+def load_run(name, arg=None):
+  """configs/{name}.py's ConfigDict (with `:arg`)."""
   spec = importlib.util.spec_from_file_location(
       f"configs_{name}", ROOT / "configs" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return ModelConfig.from_dict(module.get_config(arg).model)
+  return module.get_config(arg)
+
+
+def load_config(name, arg=None):
+  return ModelConfig.from_dict(load_run(name, arg).model)
 
 
 # ----------------------------------------------------------------- FLOPs
@@ -217,8 +223,130 @@ def test_table_prints_exact_totals():
   assert "11,683,584" in lines[summary.ENCODER_TOTAL]
   assert "11,813,810" in lines[summary.FULL_TOTAL]  # + 128,688 + 1,538
   assert "3,840,000" in lines["embeddings/word_embeddings"]
-  text = summary.format_flops(cfg, 512, 20)
+  text = summary.format_flops(load_run("albert_base"), cfg, 512, 20)
   assert f"{flops.training_flops_per_step(cfg, 1, 512, 20):,}" in text
+
+
+# --------------------------------------------- the family's other runs
+
+
+def _hf_count(config_cls, model_cls, **kwargs):
+  """Parameters of a transformers model built on the meta device (shapes
+  only; tied tensors counted once)."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  with torch.device("meta"):
+    model = getattr(transformers, model_cls)(
+        getattr(transformers, config_cls)(**kwargs))
+  return sum(p.numel() for p in model.parameters())
+
+
+def test_gpt_summary_is_the_causal_lm_with_its_lm_head():
+  config = load_run("gpt_small")
+  rows = {r.name: r for r in summary.summarize_run(config)}
+  assert [n for n, r in rows.items() if r.section == "heads"] == ["lm"]
+  assert rows["lm"].params == 0  # H = E: the tied table is the decoder
+  total = rows[summary.FULL_TOTAL].params
+  assert total == rows[summary.ENCODER_TOTAL].params == 117_127_680
+  hf = _hf_count("OpenAIGPTConfig", "OpenAIGPTLMHeadModel",
+                 vocab_size=40478, n_positions=512, n_embd=768, n_layer=12,
+                 n_head=12, afn="gelu")
+  assert hf == 116_534_784
+  # configs/gpt_small.py's differences from GPT-1: BERT's embedding
+  # LayerNorm, one token-type vector, and the pooler Albert builds.
+  extra = sum(rows[n].params for n in (
+      "embeddings/layer_norm", "embeddings/token_type_embeddings", "pooler"))
+  assert extra == 2 * 768 + 768 + (768 * 768 + 768)
+  assert total == hf + extra
+  # A causal ModelConfig alone (report.py's count) gets the same rows.
+  assert summary.summarize(load_config("gpt_small")) == list(rows.values())
+
+
+@pytest.mark.parametrize("arg,disc,gen", [
+    (None, dict(embedding_size=128, hidden_size=256, num_attention_heads=4,
+                intermediate_size=1024),
+     dict(embedding_size=128, hidden_size=64, num_attention_heads=1,
+          intermediate_size=256)),
+    ("base", dict(embedding_size=768, hidden_size=768, num_attention_heads=12,
+                  intermediate_size=3072),
+     dict(embedding_size=768, hidden_size=256, num_attention_heads=4,
+          intermediate_size=1024))])
+def test_electra_summary_counts_both_parts_like_transformers(arg, disc, gen):
+  config = load_run("electra_base" if arg else "electra_small")
+  rows = summary.summarize_run(config)
+  by_name = {r.name: r for r in rows}
+  common = dict(vocab_size=30522, num_hidden_layers=12,
+                max_position_embeddings=512, type_vocab_size=2)
+  want_disc = _hf_count("ElectraConfig", "ElectraForPreTraining",
+                        **common, **disc)
+  want_gen = _hf_count("ElectraConfig", "ElectraForMaskedLM", **common, **gen)
+  want_model = _hf_count("ElectraConfig", "ElectraModel", **common, **disc)
+  assert by_name[summary.BARE_ENCODER_TOTAL].params == want_model
+  assert by_name[summary.DISCRIMINATOR_TOTAL].params == want_disc
+  assert by_name[summary.GENERATOR_TOTAL].params == want_gen
+  embeddings = sum(r.params for r in rows if r.name.startswith("embeddings/"))
+  both = by_name[summary.ELECTRA_TOTAL].params
+  assert both == want_disc + want_gen - embeddings
+  # Exactly what the trainer initialises, and nothing of ALBERT's heads.
+  assert both == sum(math.prod(x.shape)
+                     for x in summary.run_params(config).values())
+  assert {r.name for r in rows if r.section == "heads"} == {"rtd"}
+  assert [r.name for r in rows if r.section == "generator"] == [
+      "generator_encoder/embedding_hidden_mapping_in",
+      "generator_encoder/attention", "generator_encoder/ffn", "generator_mlm"]
+  assert "pooler" not in by_name and summary.ENCODER_TOTAL not in by_name
+  assert (want_disc, want_gen) == ((109_483_009, 33_740_602) if arg else
+                                   (13_549_057, 4_620_026))
+
+
+def test_roberta_summary_has_no_sentence_head_and_512_tokens():
+  config = load_run("roberta_base")
+  rows = {r.name: r for r in summary.summarize_run(config)}
+  assert [n for n, r in rows.items() if r.section == "heads"] == ["mlm"]
+  roberta = dict(vocab_size=50265, max_position_embeddings=514,
+                 type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)
+  assert rows[summary.ENCODER_TOTAL].params == _hf_count(
+      "RobertaConfig", "RobertaModel", **roberta) == 124_645_632
+  # RobertaForMaskedLM has no pooler.
+  assert (rows[summary.FULL_TOTAL].params - rows["pooler"].params
+          == _hf_count("RobertaConfig", "RobertaForMaskedLM", **roberta)
+          == 124_697_433)
+  assert rows["mlm"].params == 642_393
+  cfg = load_config("roberta_base")
+  assert cfg.max_position_embeddings == 514 and cfg.max_length == 512
+
+
+@pytest.mark.parametrize("name,arg,seq_len,predictions", [
+    ("albert_base", None, 512, 20), ("bert_base", None, 128, None),
+    ("roberta_base", None, 512, 20), ("gpt_small", None, 512, None),
+    ("gpt_small", "tiny", 64, None), ("electra_small", None, 128, 20),
+    ("electra_base", "tiny", 32, None)])
+def test_flops_breakdown_adds_up_to_the_trainers_count(name, arg, seq_len,
+                                                       predictions):
+  config, cfg = load_run(name, arg), load_config(name, arg)
+  parts = summary.flops_breakdown(config, cfg, seq_len, predictions)
+  total = summary.training_flops_per_sequence(config, cfg, seq_len,
+                                              predictions)
+  assert flops.TRAINING_MULTIPLIER * sum(parts.values()) == total
+  # The trainer's own Setup, on a batch of 4 of the same sequences.
+  run = config.copy_and_resolve_references()
+  run.batch_size = 4
+  run.data.max_seq_length = seq_len
+  run.masking.max_predictions = predictions or seq_len
+  assert pretraining.setup(run).flops_per_step == 4 * total
+  kind = pretraining.kind(config)
+  if kind == "masked_lm":
+    heads = pretraining.sentence_heads(config.data.objective)
+    assert total == flops.training_flops_per_step(cfg, 1, seq_len,
+                                                  predictions, heads=heads)
+    assert ("sop" in parts) == ("sop" in heads)
+  elif kind == "causal_lm":
+    assert "mlm_decoder" not in parts and parts["lm_decoder"] == (
+        seq_len * 2 * cfg.embedding_size * cfg.vocab_size)
+  else:
+    assert not any("pooler" in k or "sop" in k for k in parts)
+    assert parts["discriminator/rtd"] == seq_len * (
+        2 * cfg.hidden_size ** 2 + 2 * cfg.hidden_size)
 
 
 # ------------------------------------------------------------------ CLI
@@ -260,3 +388,29 @@ def test_cli_refuses_unknown_override():
                 "--config.model.num_hidden_layer=24")
   assert result.returncode != 0
   assert "num_hidden_layers" in result.stderr  # the suggestion
+
+
+@pytest.mark.parametrize("config,want,refused", [
+    ("gpt_small.py", ["pretraining=causal_lm", "tied to the LM decoder",
+                      "LM decoded at all positions", "117,127,680"],
+     ["mlm", "sop"]),
+    ("electra_small.py", ["pretraining=electra", "generator: H=64",
+                          "generator_mlm", "13,549,057", "4,620,026",
+                          "14,196,219"], ["sop", "pooler"]),
+    ("roberta_base.py", ["seq_len=512,", "642,393", "124,645,632"],
+     ["sop"])])
+def test_cli_describes_each_family(config, want, refused):
+  result = _cli(f"--config=configs/{config}")
+  assert result.returncode == 0, result.stderr
+  for text in want:
+    assert text in result.stdout, text
+  names = {line.split()[0] for line in result.stdout.splitlines() if line}
+  for name in refused:
+    assert name not in names, name
+  run = load_run(config.removesuffix(".py"))
+  cfg = ModelConfig.from_dict(run.model)
+  total = summary.training_flops_per_sequence(
+      run, cfg, cfg.max_length,
+      None if pretraining.kind(run) == "causal_lm" else 20)
+  assert f"training FLOPs per sequence: {total:,}" in result.stdout
+
