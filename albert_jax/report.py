@@ -146,7 +146,16 @@ def _encoder_params(cfg: ModelConfig) -> int:
 
 
 def parameter_count(run: Run) -> int:
-  """Encoder parameters: embeddings, encoder and pooler, without heads."""
+  """Encoder parameters: embeddings, encoder and pooler, without heads; for
+  an ELECTRA run the discriminator's (it has no pooler), as ELECTRA's paper
+  counts its models."""
+  if run.config.get("pretraining") == "electra":
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    from albert_jax import summary  # pylint: disable=g-import-not-at-top
+    rows = summary.summarize_run(ml_collections.ConfigDict(run.config),
+                                 model_config(run))
+    return next(r.params for r in rows
+                if r.name == summary.BARE_ENCODER_TOTAL)
   return _encoder_params(model_config(run))
 
 

@@ -33,4 +33,5 @@ def get_config(arg=None):
       num_hidden_layers=args.layers, hidden_dropout_prob=args.dropout,
       attention_probs_dropout_prob=args.dropout, hidden_act=args.act,
       dtype=args.dtype)
-  return config_lib.base_config(model)
+  # Sequences as long as the 128 positions the tiny model has.
+  return config_lib.base_config(model, max_seq_length=128)

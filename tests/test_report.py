@@ -288,3 +288,24 @@ def test_command_line_refuses_a_missing_dir(tmp_path):
       f"report: {tmp_path}/nope is not a directory; give the workdirs of "
       "pre-training runs (e.g. a sweep's WORKDIR_ROOT/*/).\n")
   assert not list(tmp_path.iterdir())
+
+
+def test_electra_runs_count_the_discriminator():
+  """An ELECTRA run's parameters are its discriminator's encoder (no pooler,
+  no generator), equal to transformers' ElectraModel."""
+  transformers = pytest.importorskip("transformers")
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "electra_small", os.path.join(os.path.dirname(__file__), os.pardir,
+                                    "configs", "electra_small.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config().to_dict()
+  run = report.Run(name="e", path="/nonexistent", config=config, final={},
+                   scalars={})
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.device("meta"):
+    hf = transformers.ElectraModel(transformers.ElectraConfig(
+        vocab_size=30522, embedding_size=128, hidden_size=256,
+        num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024))
+  assert report.parameter_count(run) == sum(p.numel() for p in hf.parameters())
