@@ -547,3 +547,9 @@ def test_electra_part_errors(trained, tmp_path):
   (other / "config.json").write_text(config.to_json_best_effort())
   with pytest.raises(CheckpointError, match="applies to ELECTRA runs"):
     load_pretrained(str(other), electra_part="generator")
+  hf_dir = tmp_path / "hf_electra"
+  hf_dir.mkdir()
+  (hf_dir / "config.json").write_text(json.dumps({"model_type": "electra"}))
+  with pytest.raises(CheckpointError,
+                     match="ELECTRA training workdirs only"):
+    load_pretrained(str(hf_dir), electra_part="generator")
