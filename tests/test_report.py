@@ -159,7 +159,7 @@ def fixture_runs(tmp_path):
 
 # ALBERT-tiny: vocab 1000, E=32, H=64, 2 layers, FFN 128, 128 positions;
 # base_config: batch 4096, 512 tokens, 20 predictions.
-V, E, H, L, F, POS, T, P, B = 1000, 32, 64, 2, 128, 128, 512, 20, 4096
+V, E, H, L, F, POS, T, P, B = 1000, 32, 64, 2, 128, 128, 128, 20, 4096
 
 
 def _params(copies):
@@ -197,10 +197,10 @@ def test_report_table_and_curves(runs, tmp_path, capsys):
   assert table.startswith("# Pre-training runs\n\n")
   assert table.endswith("\n\n![training curves](curves.png)\n")
   # The sums, written out: 36,224 + 2,112 + 16,768 + 16,704 + 4,160 and
-  # 2,097,152 + 33,554,432 + 134,217,728 + 33,554,432 + 8,192 + 256 + 81,920
-  # + 1,280,000 per sequence.
+  # 524,288 + 8,388,608 + 8,388,608 + 8,388,608 + 8,192 + 256 + 81,920
+  # + 1,280,000 per sequence of 128.
   assert _params(1) == 75_968
-  assert _flops(30, True) == 3 * 4096 * 30 * 204_794_112
+  assert _flops(30, True) == 3 * 4096 * 30 * 27_060_480
   printed = capsys.readouterr().out
   assert printed.splitlines()[:5] == expected[:1] + [expected[1]] + expected[
       2:5]
