@@ -8,13 +8,19 @@ the compute `dtype` at use.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Dtype = Any
+# Python floats, so that they take the dtype of the array they multiply.
+_HALF_SQRT_2_OVER_PI = 0.5 * math.sqrt(2.0 / math.pi)
+_SQRT_HALF_OVER_PI = math.sqrt(0.5 / math.pi)  # φ(0) = 1/√(2π)
 
 
 def kernel_init(stddev: float) -> Callable:
@@ -22,16 +28,78 @@ def kernel_init(stddev: float) -> Callable:
   return nn.initializers.truncated_normal(stddev=stddev)
 
 
+@jax.custom_jvp
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """tanh-approximate GELU ("gelu_new"), with a one-array derivative.
+
+  The values are `jax.nn.gelu(x, approximate=True)`'s, bit for bit. Autodiff
+  of that formula would keep x³, tanh(·) and several products of them for the
+  backward pass, and inside the layer scan each becomes a stacked
+  [layers, batch, seq, mlp] residual; this rule keeps only gelu'(x).
+  """
+  return _gelu_tanh_and_slope(x)[0]
+
+
+def _gelu_tanh_and_slope(x):
+  """(gelu(x), gelu'(x)) of the tanh form, both in x's dtype."""
+  c = np.sqrt(2 / np.pi).astype(x.dtype)
+  th = jnp.tanh(c * (x + 0.044715 * (x ** 3)))
+  y = x * (0.5 * (1.0 + th))
+  # Past |x| = 10 the tanh is ±1 in every float type, so 1 - th² is exactly
+  # 0 there; clipping the polynomial factor keeps x² from overflowing (to
+  # 0·inf = NaN) without changing any value.
+  xc = jnp.clip(x, -10.0, 10.0)
+  # (1 - th)(1 + th) rather than 1 - th², which cancels where th → ±1.
+  slope = 0.5 * (1.0 + th) + _HALF_SQRT_2_OVER_PI * xc * (
+      (1.0 - th) * (1.0 + th)) * (1.0 + (3 * 0.044715) * (xc * xc))
+  return y, slope
+
+
+@gelu_tanh.defjvp
+def _gelu_tanh_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  y, slope = _gelu_tanh_and_slope(x)
+  return y, slope * t
+
+
+@jax.custom_jvp
+def gelu_erf(x: jax.Array) -> jax.Array:
+  """Exact (erf) GELU ("gelu"), with a one-array derivative.
+
+  The values are `jax.nn.gelu(x, approximate=False)`'s, bit for bit; the
+  derivative Φ(x) + x·φ(x) is the one array the backward pass keeps, where
+  autodiff of erfc would keep x, erfc(·) and exp(-x²/2).
+  """
+  return _gelu_erf_and_slope(x)[0]
+
+
+def _gelu_erf_and_slope(x):
+  """(gelu(x), gelu'(x)) of the erf form, both in x's dtype."""
+  erfc = jax.lax.erfc(-x * np.sqrt(0.5).astype(x.dtype))
+  # exp(-x²/2) → 0 (x² may overflow to inf, exp(-inf) = 0): no NaN.
+  pdf = _SQRT_HALF_OVER_PI * jnp.exp(-0.5 * (x * x))
+  return 0.5 * x * erfc, 0.5 * erfc + x * pdf
+
+
+@gelu_erf.defjvp
+def _gelu_erf_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  y, slope = _gelu_erf_and_slope(x)
+  return y, slope * t
+
+
 def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   """Maps a config's `hidden_act` to a function.
 
   `gelu` is the exact erf form and `gelu_new` the tanh approximation, following
   HF's names (the official TF code's "gelu" is the tanh form, i.e. gelu_new).
+  Both GELUs carry a custom derivative that the backward pass keeps as one
+  array (`gelu_tanh`, `gelu_erf`).
   """
   table = {
-      "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-      "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-      "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+      "gelu": gelu_erf,
+      "gelu_new": gelu_tanh,
+      "gelu_pytorch_tanh": gelu_tanh,
       "relu": jax.nn.relu,
       "tanh": jnp.tanh,
   }
@@ -41,8 +109,75 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   return table[name]
 
 
+def _compile_platform() -> str:
+  """The platform that the computation being traced will be compiled for.
+
+  Under a mesh (`jax.set_mesh`, as the trainer jits its steps) that is the
+  mesh's devices' platform, which need not be the default backend (a CPU
+  mesh on a GPU host, or an accelerator topology compiled ahead of time from
+  a CPU host). Without one, jit compiles for its arguments' devices, which a
+  tracer does not expose (`Tracer.devices()` fails); the default backend is
+  what they are unless committed elsewhere. Either way the choice changes
+  only how XLA runs the matmul, never its values.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  return device.platform if device is not None else jax.default_backend()
+
+
+def _as_matrices(x, kernel, contract):
+  """x [..., *in], kernel [*in, *out] → x [M, K], kernel [K, N] (bitcasts)."""
+  depth = math.prod(kernel.shape[:contract])
+  return (x.reshape(math.prod(x.shape[:x.ndim - contract]), depth),
+          kernel.reshape(depth, -1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _cpu_matmul(x: jax.Array, kernel: jax.Array, contract: int,
+                precision) -> jax.Array:
+  """x [..., *in] · kernel [*in, *out] → [..., *out], for XLA:CPU.
+
+  Computed as one [M, K] · [K, N] matmul. Autodiff would form the kernel's
+  gradient as dot_general(x, g) contracting both operands' M axis, which
+  XLA:CPU keeps as is and runs on its generic (Eigen) dot at about half the
+  speed of YNNPACK, which takes only a row-major left operand contracted on
+  its last axis. A materialised xᵀ [K, M], fenced by an optimisation barrier
+  so that XLA cannot fold the transpose back into the dot, makes it the
+  canonical [K, M] · [M, N] matmul. The copy is M·K values; on GPU and TPU
+  it would be pure overhead, hence CPU only. The residuals are x and kernel
+  themselves, not reshaped copies, so that Q, K and V share theirs and a
+  scanned kernel is not stacked again.
+  """
+  x2, k2 = _as_matrices(x, kernel, contract)
+  y = jnp.dot(x2, k2, precision=precision)
+  return y.reshape(x.shape[:x.ndim - contract] + kernel.shape[contract:])
+
+
+def _cpu_matmul_fwd(x, kernel, contract, precision):
+  return _cpu_matmul(x, kernel, contract, precision), (x, kernel)
+
+
+def _cpu_matmul_bwd(contract, precision, residuals, g):
+  x, kernel = residuals
+  x2, k2 = _as_matrices(x, kernel, contract)
+  g2 = g.reshape(x2.shape[0], k2.shape[1])
+  xt = jax.lax.optimization_barrier(x2.T)
+  dx = jnp.dot(g2, k2.T, precision=precision).reshape(x.shape)
+  dk = jnp.dot(xt, g2, precision=precision).reshape(kernel.shape)
+  return dx, dk
+
+
+_cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
+
+
 class Dense(nn.Module):
   """y = x·W + b over the last `len(in_axes)` axes of x.
+
+  On CPU the matmul runs as [M, K] · [K, N] on the flattened input with the
+  weight gradient formed as xᵀ·g (`_cpu_matmul`), which puts the weight
+  gradients on XLA:CPU's fast matmul (ALBERT-base's train step: about 10%
+  faster; BENCHMARKS.md). Same parameters, same values to float32 rounding.
+  Elsewhere it is a plain einsum.
 
   Attributes:
     features: output feature shape, e.g. (heads, head_dim) or (hidden,).
@@ -59,6 +194,7 @@ class Dense(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., *in_shape] → [..., *features]."""
     features = tuple(self.features)
     in_shape = x.shape[-self.contract:]
     kernel = self.param(
@@ -66,10 +202,19 @@ class Dense(nn.Module):
         nn.with_logical_partitioning(kernel_init(self.init_range),
                                      tuple(self.axes)),
         in_shape + features, self.param_dtype)
-    in_letters = "abcd"[:self.contract]
-    out_letters = "wxyz"[:len(features)]
-    y = jnp.einsum(f"...{in_letters},{in_letters}{out_letters}->...{out_letters}",
-                   x.astype(self.dtype), kernel.astype(self.dtype))
+    x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+    if _compile_platform() == "cpu" and x.size and kernel.size:
+      # Resolved now, so that the backward pass's dots (traced later, maybe
+      # outside a `jax.default_matmul_precision` scope) use the same
+      # precision as the forward's, as autodiff of the einsum would.
+      precision = jax.config.jax_default_matmul_precision
+      y = _cpu_matmul(x, kernel, self.contract, precision)
+    else:
+      in_letters = "abcd"[:self.contract]
+      out_letters = "wxyz"[:len(features)]
+      y = jnp.einsum(
+          f"...{in_letters},{in_letters}{out_letters}->...{out_letters}",
+          x, kernel)
     if self.use_bias:
       bias = self.param(
           "bias",
@@ -80,11 +225,49 @@ class Dense(nn.Module):
     return y
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                eps: float) -> jax.Array:
+  """(x - mean) / √(var + eps) · scale + bias over the last axis.
+
+  All in float32 (x, scale and bias included: the casts outside carry the
+  gradients back to other dtypes).
+
+  Autodiff of this formula keeps three [..., features] arrays for the
+  backward pass (x - mean, 2·(x - mean) from the square, and the normalised
+  x), each a stacked [layers, B, T, H] residual inside the layer scan; this
+  rule keeps the normalised x and the [..., 1] reciprocal deviation.
+  """
+  return _layer_norm_fwd(x, scale, bias, eps)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps):
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  rstd = jax.lax.rsqrt(var + eps)
+  normed = (x - mean) * rstd
+  return normed * scale + bias, (normed, rstd, scale)
+
+
+def _layer_norm_bwd(eps, residuals, g):
+  del eps
+  normed, rstd, scale = residuals
+  axes = tuple(range(g.ndim - 1))
+  d_normed = g * scale
+  dx = rstd * (d_normed - jnp.mean(d_normed, axis=-1, keepdims=True)
+               - normed * jnp.mean(d_normed * normed, axis=-1, keepdims=True))
+  return dx, jnp.sum(g * normed, axis=axes), jnp.sum(g, axis=axes)
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
 class LayerNorm(nn.Module):
   """LayerNorm computed in float32 whatever the compute dtype.
 
   The official eps is 1e-12, which underflows in bfloat16; normalising in
-  float32 keeps it meaningful.
+  float32 keeps it meaningful. The backward pass keeps one array of the
+  input's size (`_layer_norm`), not three.
   """
   eps: float = 1e-12
   axis_name: str = "embed"
@@ -93,6 +276,7 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., features] → [..., features] in `dtype`."""
     features = x.shape[-1]
     scale = self.param(
         "scale", nn.with_logical_partitioning(nn.initializers.ones,
@@ -102,11 +286,9 @@ class LayerNorm(nn.Module):
         "bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                              (self.axis_name,)),
         (features,), self.param_dtype)
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-    y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    f32 = jnp.float32
+    y = _layer_norm(x.astype(f32), scale.astype(f32), bias.astype(f32),
+                    self.eps)
     return y.astype(self.dtype)
 
 

@@ -3,7 +3,8 @@
 The scripts in experiments/benchmarks/ are not part of the library; these
 tests check what their numbers rest on (albert_jax and transformers get the
 same batch and compute the same loss, the HF model has the same parameters,
-the candidate GELU fix is the same function) and smoke-run each script with
+the before/after variants switch what they say and the candidates compute
+the same loss) and smoke-run each script with
 its smallest flags in a subprocess.
 """
 
@@ -21,6 +22,7 @@ from albert_jax import hf
 from albert_jax import layers
 from albert_jax import models
 from albert_jax import train_step as step_lib
+from albert_jax.compile_only import FAST_COMPILE_OPTIONS as FAST
 from albert_jax.model_config import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,44 +91,69 @@ def test_hf_and_albert_jax_compute_the_same_loss_on_the_batch():
   np.testing.assert_allclose(ours, hf_loss, rtol=1e-5)
 
 
-def test_gelu_fix_is_the_same_function_with_the_same_derivative():
-  x = np.linspace(-6.0, 6.0, 241, dtype=np.float32)
-  ref = lambda v: jax.nn.gelu(v, approximate=True)  # noqa: E731
-  np.testing.assert_allclose(step_fixes.gelu_tanh(x), ref(x), rtol=1e-6,
-                             atol=1e-6)
-  # The float64 derivative; float32 autodiff of jax.nn.gelu itself is off by
-  # up to ~3e-6 where 1 - tanh² cancels, and so is the fix.
-  u = np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)
-  exact = 0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * np.sqrt(
-      2 / np.pi) * (1 + 3 * 0.044715 * x.astype(np.float64) ** 2)
-  fix = jax.vmap(jax.grad(step_fixes.gelu_tanh))(x)
-  autodiff = jax.vmap(jax.grad(ref))(x)
-  np.testing.assert_allclose(fix, exact, rtol=1e-5, atol=4e-6)
-  assert np.max(np.abs(fix - exact)) <= np.max(np.abs(autodiff - exact))
+def test_variant_specs_name_fixes_and_unfixes():
+  assert step_fixes.variant("-dense_vjp-gelu_jvp") == [("-", "dense_vjp"),
+                                                       ("-", "gelu_jvp")]
+  assert step_fixes.variant("+fused_qkv") == [("+", "fused_qkv")]
+  for bad in ("fused_qkv", "+dense_vjp", "-fused_qkv", "+nope", "+"):
+    with pytest.raises(ValueError):
+      step_fixes.variant(bad)
 
 
-def test_dense_fix_gives_the_same_outputs_and_gradients():
-  """The weight-gradient-as-xᵀ·g fix changes how XLA runs it, not what."""
-  q = layers.Dense((4, 8), ("embed", "heads", "kv"))
-  out = layers.Dense((16,), ("heads", "kv", "embed"), contract=2)
-  rng = np.random.default_rng(0)
+def test_unfixes_switch_the_library_changes_off():
+  """-dense_vjp gives back autodiff's einsum (no barrier before the weight
+  gradient), -gelu_jvp the GELU without the custom rule."""
+  dense = layers.Dense((8,), ("embed", "mlp"))
+  x = jnp.ones((2, 3, 4))
+  params = dense.init(jax.random.key(0), x)
 
-  def normal(*shape):
-    return jnp.asarray(rng.normal(size=shape), jnp.float32)
+  def grad_text():
+    return str(jax.make_jaxpr(jax.grad(
+        lambda p: jnp.sum(jax.nn.gelu(dense.apply(p, x)))))(params))
 
-  x = normal(2, 3, 16)
-  pq = {"params": {"kernel": normal(16, 4, 8), "bias": normal(4, 8)}}
-  po = {"params": {"kernel": normal(4, 8, 16), "bias": normal(16)}}
+  def gelu_text():
+    return str(jax.make_jaxpr(lambda v: layers.activation("gelu_new")(v))(
+        1.0))
 
-  def loss(pq, po, x):
-    return jnp.sum(jnp.sin(out.apply(po, q.apply(pq, x))))
+  assert "optimization_barrier" in grad_text()
+  assert "custom_jvp_call" in gelu_text()
+  with step_fixes.plain_dense():
+    assert "optimization_barrier" not in grad_text()
+  with step_fixes.autodiff_gelu():
+    assert "custom_jvp_call" not in gelu_text()
+  assert "optimization_barrier" in grad_text()  # restored
+  assert "custom_jvp_call" in gelu_text()
 
-  grad = lambda: jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))  # noqa
-  expected = grad()(pq, po, x)
-  with step_fixes.dense_vjp():  # in force while jit traces
-    got = grad()(pq, po, x)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("fix", ["fused_qkv", "attn_rows", "ffn_act_remat",
+                                 "dw_swap"])
+def test_candidate_fixes_compute_the_same_loss_and_gradients(fix):
+  """A candidate is timed on the library's parameters: same tree, same loss
+  and gradients (to float32 rounding), padding included."""
+  cfg = tiny(seq=16)
+  batch = step_impls.make_batch(cfg, batch=2, seq=16, predictions=3)
+  batch["attention_mask"][1, -4:] = 0  # padding queries and keys
+  model = models.Albert(cfg)
+  objective = step_lib.PretrainingObjective(model)
+  jbatch = {k: jnp.asarray(batch[k]) for k in step_lib.BATCH_KEYS}
+  init = lambda: model.init(  # noqa: E731
+      jax.random.key(0), jbatch["input_ids"],
+      masked_positions=jbatch["masked_positions"])["params"]
+  params = jax.jit(init, compiler_options=FAST)()
+  loss = jax.value_and_grad(
+      lambda p: objective.sums(p, jbatch, None, True)["mlm_loss_sum"])
+  want, want_grads = jax.jit(loss, compiler_options=FAST)(params)
+  [(_, patch)] = step_fixes.changes("+" + fix)
+  with patch():
+    assert jax.tree.structure(jax.eval_shape(init)) == jax.tree.structure(
+        params)
+    got, grads = jax.jit(loss, compiler_options=FAST)(params)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  # Gradients that are zero in exact arithmetic (the key bias's) are
+  # rounding noise: compare on the scale of the largest.
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want_grads))
+  for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * scale)
 
 
 @pytest.mark.parametrize("op_name, expected", [
@@ -173,24 +200,28 @@ def test_train_step_script_prints_every_row_and_a_profile(tmp_path):
   stdout, result = run_script(
       "train_step.py", "--sizes", "tiny", "--seqs", "16", "--batch", "2",
       "--predictions", "2", "--steps", "1", "--warmup", "0",
-      "--impls", "jax_adamw,hf_eager", "--threads", "1", "--fast_compile",
-      "--profile", str(tmp_path / "trace"), "--profile_steps", "1",
-      tmp_path=tmp_path)
+      "--impls", "jax_adamw,hf_eager", "--unfix", "dense_vjp+gelu_jvp",
+      "--threads", "1", "--fast_compile", "--profile", str(tmp_path / "trace"),
+      "--profile_steps", "1", tmp_path=tmp_path)
   table = [l for l in stdout.splitlines() if l.startswith("| tiny | 16 | 2 |")]
-  assert [l.split(" | ")[3] for l in table] == ["albert_jax AdamW",
-                                                "HF eager (sdpa)"]
-  assert table[1].endswith("| 1.00x | — |")  # HF eager against itself
-  assert [r["impl"] for r in result["rows"]] == ["jax_adamw", "hf_eager"]
+  assert [l.split(" | ")[3] for l in table] == [
+      "albert_jax AdamW", "albert_jax AdamW -dense_vjp-gelu_jvp",
+      "HF eager (sdpa)"]
+  assert table[2].endswith("| 1.00x | — |")  # HF eager against itself
+  assert [r["impl"] for r in result["rows"]] == [
+      "jax_adamw", "jax_adamw-dense_vjp-gelu_jvp", "hf_eager"]
   for row in result["rows"]:
     assert row["step_seconds"] > 0 and row["sequences_per_second"] > 0
-  ours, hf_row = result["rows"]
+  ours, before, hf_row = result["rows"]
+  # The same step, before and after the library's changes.
+  assert before["job_flops_per_step"] == ours["job_flops_per_step"]
   # The same job for both; HF's head decodes all 16 positions, not 2.
   assert ours["job_flops_per_step"] == hf_row["job_flops_per_step"]
   assert ours["executed_flops_per_step"] == ours["job_flops_per_step"]
   assert hf_row["executed_flops_per_step"] > hf_row["job_flops_per_step"]
   assert "\nProfile: tiny seq 16 batch 2 albert_jax AdamW." in stdout
   assert "| FFN matmuls |" in stdout
-  [profile] = result["profiles"]
+  profile, _ = result["profiles"]
   assert profile["components"]["FFN matmuls"]["forward"] > 0
   assert profile["components"]["FFN matmuls"]["backward"] > 0
 

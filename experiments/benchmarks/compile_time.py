@@ -32,6 +32,9 @@ a flag because they are slow at 48 layers:
                 temporary directory so that nothing is reused between depths
                 or runs.
 
+`--peer_depths` limits both peers to some of the depths (the others show
+"—"), since theirs is the time that grows.
+
 Each time is the best of `--repeats`, in wall seconds, with the process's
 CPU seconds beside it in the JSON. A small model is compiled first so that
 one-off start-up costs land outside the table (`--no_warmup` skips it).
@@ -216,6 +219,10 @@ def parse_args(argv=None):
   p.add_argument("--hf_compile", action="store_true",
                  help="Also time torch.compile of transformers' model.")
   p.add_argument("--hf_batch", type=int, default=2)
+  p.add_argument("--peer_depths", type=csv(int), default=None,
+                 help="Depths at which to run the --unrolled and "
+                      "--hf_compile peers (default: every --depths; the "
+                      "peers' time grows with depth, the scan's does not).")
   p.add_argument("--no_warmup", action="store_true",
                  help="Skip the first, untimed compile (quick looks only: "
                       "the first row then carries one-off costs).")
@@ -232,6 +239,11 @@ def parse_args(argv=None):
     p.error(f"--shares {bad}: use all and/or none.")
   if min(args.depths + [args.repeats, args.batch, args.hf_batch]) < 1:
     p.error("--depths, --repeats, --batch and --hf_batch must be >= 1.")
+  if args.peer_depths is None:
+    args.peer_depths = list(args.depths)
+  elif not set(args.peer_depths) <= set(args.depths):
+    p.error(f"--peer_depths {args.peer_depths} must be among --depths "
+            f"{args.depths}.")
   return args
 
 
@@ -262,12 +274,13 @@ def run(args):
       row = {"width": args.width, "share": share, "layers": layers,
              **measure_jax(config, args.repeats, fast=args.fast_compile)}
       row["params_m"] = row["params"] / 1e6
-      if args.unrolled:
+      peers = layers in args.peer_depths
+      if args.unrolled and peers:
         unrolled = measure_jax(config, args.repeats, unrolled=True,
                                fast=args.fast_compile)
         row["unrolled_step_total_s"] = unrolled["step_total_s"]
         row["unrolled_step_cpu_s"] = unrolled["step_cpu_s"]
-      if args.hf_compile:
+      if args.hf_compile and peers:
         row.update(measure_hf(config, args.hf_batch, args.repeats))
       rows.append(row)
       print(f"# done {share}/{layers}", flush=True)

@@ -1,14 +1,17 @@
-"""Candidate albert_jax fixes, patched in while the train step is traced.
+"""Library changes reverted, and candidates tried, while the step is traced.
 
-`train_step.py --fix NAME` builds an extra albert_jax row with one (or,
-joined by "+", several) of `FIXES`: each is a context manager that swaps a
-library function for the candidate version while `JaxRunner` lowers the
-step, and/or ModelConfig overrides. Nothing here changes the library: a fix
-that measures well is applied to albert_jax itself by hand.
+`train_step.py` builds one extra albert_jax AdamW row per variant: a
+`--unfix NAME` row has a change that the library has made switched back off
+(the before/after of `UNFIXES`, in the same run), a `--fix NAME` row has a
+candidate change (`FIXES`) switched on. Each entry is a context manager that
+swaps a library function for another while `JaxRunner` lowers the step,
+and/or ModelConfig overrides; `a+b` combines several. Nothing here changes
+the library: a candidate that measures well is applied to albert_jax by
+hand, and then moves from FIXES to UNFIXES.
 """
 
 import contextlib
-import math
+import re
 
 import flax.linen as nn
 import jax
@@ -16,131 +19,277 @@ import jax.numpy as jnp
 
 from albert_jax import layers
 from albert_jax import models
-from albert_jax import train_step as step_lib
-
-
-@jax.custom_jvp
-def gelu_tanh(x):
-  """tanh-approximate GELU whose derivative is one array.
-
-  Autodiff of `jax.nn.gelu(approximate=True)` keeps x, x², tanh(·) and their
-  products for the backward pass; inside the layer scan each becomes a
-  stacked [layers, B, T, F] residual. This rule keeps only gelu'(x).
-  """
-  return jax.nn.gelu(x, approximate=True)
-
-
-@gelu_tanh.defjvp
-def _gelu_tanh_jvp(primals, tangents):
-  (x,), (t,) = primals, tangents
-  c = math.sqrt(2.0 / math.pi)
-  th = jnp.tanh(c * (x + 0.044715 * x * x * x))
-  y = 0.5 * x * (1.0 + th)
-  dy = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (
-      1.0 + 3.0 * 0.044715 * x * x)
-  return y, dy * t
+from albert_jax.ops import attention as attention_ops
 
 
 @contextlib.contextmanager
-def gelu_jvp():
-  """`layers.activation` hands out `gelu_tanh` for the tanh GELU."""
-  original = layers.activation
-  layers.activation = lambda name: (
-      gelu_tanh if name in ("gelu_new", "gelu_pytorch_tanh")
-      else original(name))
+def _patched(module, name, value):
+  original = getattr(module, name)
+  setattr(module, name, value)
   try:
     yield
   finally:
-    layers.activation = original
+    setattr(module, name, original)
+
+
+################################################################################
+# Changes the library has made, switched back off.
+################################################################################
+
+
+def plain_dense():
+  """`layers.Dense` as the plain einsum whatever the backend: autodiff's
+  weight gradient, dot(x, g) contracting B·T, on XLA:CPU's generic dot."""
+  return _patched(layers, "_compile_platform", lambda: "plain")
 
 
 @contextlib.contextmanager
+def autodiff_gelu():
+  """Both GELUs as `jax.nn.gelu` differentiated by autodiff."""
+  with _patched(layers, "gelu_tanh",
+                lambda x: jax.nn.gelu(x, approximate=True)), _patched(
+                    layers, "gelu_erf",
+                    lambda x: jax.nn.gelu(x, approximate=False)):
+    yield
+
+
+def autodiff_layer_norm():
+  """`layers.LayerNorm` differentiated by autodiff (three residuals)."""
+  formula = layers._layer_norm_fwd  # pylint: disable=protected-access
+  return _patched(layers, "_layer_norm",
+                  lambda x, scale, bias, eps: formula(x, scale, bias, eps)[0])
+
+
+################################################################################
+# Candidates.
+################################################################################
+
+
 def unroll_scan():
   """The encoder's `nn.scan` over layers, fully unrolled."""
   original = nn.scan
-  models.nn.scan = lambda *a, **k: original(*a, unroll=True, **k)
-  try:
-    yield
-  finally:
-    models.nn.scan = original
+  return _patched(models.nn, "scan",
+                  lambda *a, **k: original(*a, unroll=True, **k))
 
 
-@contextlib.contextmanager
-def guard_barrier():
-  """The train step's non-finite flags behind an optimization barrier."""
-  original = step_lib.nonfinite_leaves
-  step_lib.nonfinite_leaves = lambda grads: jax.lax.optimization_barrier(
-      original(grads))
-  try:
-    yield
-  finally:
-    step_lib.nonfinite_leaves = original
+class _DenseWeights(nn.Module):
+  """A `layers.Dense`'s parameters (same names, init and logical axes),
+  returned in the compute dtype instead of applied."""
+  features: tuple[int, ...]
+  axes: tuple[str, ...]
+  in_shape: tuple[int, ...]
+  init_range: float = 0.02
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self):
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(
+            layers.kernel_init(self.init_range), self.axes),
+        self.in_shape + self.features, self.param_dtype)
+    bias = self.param(
+        "bias", nn.with_logical_partitioning(
+            nn.initializers.zeros, self.axes[len(self.in_shape):]),
+        self.features, self.param_dtype)
+    return kernel.astype(self.dtype), bias.astype(self.dtype)
 
 
-@jax.custom_vjp
-def _matmul(x, w):
-  """[M, K] · [K, N], with the weight gradient as a canonical matmul."""
-  return x @ w
+class _FusedQKVBlock(models.AttentionBlock):
+  """`models.AttentionBlock` with Q, K and V as one [H, 3H] matmul.
+
+  The parameters stay three Dense layers (query, key, value); their kernels
+  are concatenated at trace time.
+  """
+
+  @nn.compact
+  def __call__(self, x, segment_ids, deterministic):
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    heads = (cfg.num_attention_heads, cfg.head_dim)
+    weights = [_DenseWeights(heads, ("embed", "heads", "kv"), x.shape[-1:],
+                             name=n, **kw)() for n in ("query", "key", "value")]
+    hidden = x.shape[-1]
+    kernel = jnp.concatenate([w.reshape(hidden, -1) for w, _ in weights], 1)
+    bias = jnp.concatenate([b.reshape(-1) for _, b in weights])
+    x_in = x.astype(cfg.compute_dtype)
+    if layers._compile_platform() == "cpu":  # pylint: disable=protected-access
+      y = layers._cpu_matmul(  # pylint: disable=protected-access
+          x_in, kernel, 1, jax.config.jax_default_matmul_precision)
+    else:
+      y = x_in @ kernel
+    y = (y + bias).reshape(x.shape[:-1] + (3,) + heads)
+    q, k, v = (models._constrain(  # pylint: disable=protected-access
+        y[..., i, :, :], ("batch", "length", "heads", "kv")) for i in range(3))
+    dropout = cfg.attention_probs_dropout_prob
+    needs_rng = not deterministic and dropout > 0.0
+    context = attention_ops.dot_product_attention(
+        q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
+        dropout_rng=self.make_rng("dropout") if needs_rng else None,
+        deterministic=deterministic, impl=cfg.attention_impl,
+        causal=cfg.causal)
+    y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
+                     name="output", **kw)(context)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.parameter_dtype,
+                         name="layer_norm")(x + y)
+    return models._constrain(  # pylint: disable=protected-access
+        y, ("batch", "length", "embed"))
 
 
-def _matmul_fwd(x, w):
-  return x @ w, (x, w)
+def fused_qkv():
+  """The layer scan's attention blocks compute Q, K, V in one matmul."""
+  return _patched(models, "AttentionBlock", _FusedQKVBlock)
 
 
-def _matmul_bwd(residuals, g):
-  x, w = residuals
-  # Autodiff gives dW as dot(x, g) contracting both over M, which XLA:CPU
-  # keeps transposed and runs on its slow generic dot; a materialised xᵀ
-  # (fenced so that XLA cannot fold it back into the dot) makes it the
-  # [K, M] · [M, N] matmul its fast (YNNPACK) path takes.
-  xt = jax.lax.optimization_barrier(x.T)
-  return g @ w.T, xt @ g
+class _FFNActRematBlock(models.FFNBlock):
+  """`models.FFNBlock` whose activation is recomputed in the backward pass:
+  the output dense's input and gelu'(x) are not kept, only x."""
+
+  @nn.compact
+  def __call__(self, x, deterministic):
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
+                     name="intermediate", **kw)(x)
+    y = models._constrain(  # pylint: disable=protected-access
+        y, ("batch", "length", "mlp"))
+    output = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
+                          **kw)
+    act = layers.activation(cfg.hidden_act)
+    y = nn.checkpoint(lambda module, h: module(act(h)), prevent_cse=False)(
+        output, y)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.parameter_dtype,
+                         name="layer_norm")(x + y)
+    return models._constrain(  # pylint: disable=protected-access
+        y, ("batch", "length", "embed"))
 
 
-_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+def ffn_act_remat():
+  """The FFN's activation recomputed in the backward pass (see above)."""
+  return _patched(models, "FFNBlock", _FFNActRematBlock)
 
 
-@contextlib.contextmanager
-def dense_vjp():
-  """Routes `layers.Dense`'s einsum ("...ab,abwx->...wx") through _matmul."""
-  original = jnp.einsum
+@jax.custom_jvp
+def _softmax(logits):
+  """Softmax over the last axis whose derivative keeps only its output
+  (`jax.nn.softmax` keeps exp(x - max) too unless the jax_softmax_custom_jvp
+  flag is set)."""
+  unnormalized = jnp.exp(logits - jnp.max(logits, -1, keepdims=True))
+  return unnormalized / jnp.sum(unnormalized, -1, keepdims=True)
 
-  def einsum(subscripts, *operands, **kwargs):
-    inputs, _, out = subscripts.partition("->")
-    parts = inputs.split(",")
-    if (len(operands) != 2 or kwargs or len(parts) != 2
-        or not parts[0].startswith("...")):
-      return original(subscripts, *operands, **kwargs)
-    contracted = parts[0][3:]
-    if parts[1] != contracted + out[3:] or not out.startswith("..."):
-      return original(subscripts, *operands, **kwargs)
-    x, kernel = operands
-    k = len(contracted)
-    lead, features = x.shape[:x.ndim - k], kernel.shape[k:]
-    y = _matmul(x.reshape(-1, math.prod(kernel.shape[:k])),
-                kernel.reshape(math.prod(kernel.shape[:k]), -1))
-    return y.reshape(lead + features)
 
-  jnp.einsum = einsum
-  try:
-    yield
-  finally:
-    jnp.einsum = original
+@_softmax.defjvp
+def _softmax_jvp(primals, tangents):
+  y = _softmax(primals[0])
+  return y, y * (tangents[0] - jnp.sum(y * tangents[0], -1, keepdims=True))
+
+
+def _attention_rows(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
+  """`attention._xla_attention` with 1/√d applied to q ([B, T, N, D]) rather
+  than to the [B, N, T, T] logits, the rows of queries that see no key
+  zeroed in the [B, T, N, D] output rather than in the probabilities, and
+  a softmax whose derivative keeps only its output: the backward pass keeps
+  one [B, N, T, T] array instead of two."""
+  if not deterministic and dropout_rate > 0.0:
+    raise ValueError("The attn_rows candidate has no attention dropout.")
+  q = q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                      preferred_element_type=jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = _softmax(logits)
+  out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+  if mask is not None:
+    # [B, 1, T, T] → [B, T, 1, 1]: does the query see any key?
+    sees = jnp.any(mask, axis=-1)[:, 0, :, None, None]
+    out = jnp.where(sees, out, 0.0)
+  return out
+
+
+def attn_rows():
+  """See `_attention_rows`."""
+  return _patched(attention_ops, "_xla_attention", _attention_rows)
+
+
+def _swapped_matmul_bwd(contract, precision, residuals, g):
+  """`layers._cpu_matmul`'s backward, with dW = (gᵀ·x)ᵀ where the kernel is
+  taller than wide (K > N): the transposed operand is then [M, N], not
+  [M, K], and the matmul [N, M] · [M, K]."""
+  x, kernel = residuals
+  as_matrices = layers._as_matrices  # pylint: disable=protected-access
+  x2, k2 = as_matrices(x, kernel, contract)
+  g2 = g.reshape(x2.shape[0], k2.shape[1])
+  dx = jnp.dot(g2, k2.T, precision=precision).reshape(x.shape)
+  if k2.shape[0] > k2.shape[1]:
+    gt = jax.lax.optimization_barrier(g2.T)
+    dk = jnp.dot(gt, x2, precision=precision).T
+  else:
+    dk = jnp.dot(jax.lax.optimization_barrier(x2.T), g2, precision=precision)
+  return dx, dk.reshape(kernel.shape)
+
+
+# The same forward as layers._cpu_matmul (its undecorated function).
+_swapped_matmul = jax.custom_vjp(
+    layers._cpu_matmul.fun,  # pylint: disable=protected-access
+    nondiff_argnums=(2, 3))
+_swapped_matmul.defvjp(
+    lambda x, kernel, contract, precision: (
+        _swapped_matmul(x, kernel, contract, precision), (x, kernel)),
+    _swapped_matmul_bwd)
+
+
+def dw_swap():
+  """See `_swapped_matmul_bwd`."""
+  return _patched(layers, "_cpu_matmul", _swapped_matmul)
 
 
 # name: (what it changes, ModelConfig overrides, trace-time patch).
+UNFIXES = {
+    "dense_vjp": ("layers.Dense: plain einsum, autodiff's weight gradient",
+                  {}, plain_dense),
+    "gelu_jvp": ("layers.activation: jax.nn.gelu, autodiff's derivative",
+                 {}, autodiff_gelu),
+    "layer_norm_vjp": ("layers.LayerNorm: autodiff's backward, three "
+                       "residuals", {}, autodiff_layer_norm),
+}
 FIXES = {
-    "gelu_jvp": ("layers.activation: tanh GELU with a custom JVP",
-                 {}, gelu_jvp),
     "remat_dots": ("model.remat='dots': keep matmul outputs, recompute the "
                    "elementwise ops", {"remat": "dots"},
                    contextlib.nullcontext),
     "unroll": ("models.Encoder: nn.scan(unroll=True), no stacked residuals",
                {}, unroll_scan),
-    "dense_vjp": ("layers.Dense: custom VJP, weight gradient as xᵀ·g",
-                  {}, dense_vjp),
-    # XLA otherwise fuses the whole "all gradients finite" reduction into
-    # every parameter and optimizer-slot update, once per leaf.
-    "guard_barrier": ("train_step: optimization_barrier on the non-finite "
-                      "flags, computed once", {}, guard_barrier),
+    "fused_qkv": ("models.AttentionBlock: Q, K, V as one [H, 3H] matmul",
+                  {}, fused_qkv),
+    "attn_rows": ("ops.attention: 1/√d on q; padding queries' rows zeroed "
+                  "in the output, not in the probabilities", {}, attn_rows),
+    "ffn_act_remat": ("models.FFNBlock: the activation recomputed in the "
+                      "backward pass, only its input kept", {},
+                      ffn_act_remat),
+    "dw_swap": ("layers.Dense on CPU: dW = (gᵀ·x)ᵀ for kernels taller than "
+                "wide", {}, dw_swap),
 }
+
+
+def variant(spec: str) -> list[tuple[str, str]]:
+  """"+a+b-c" → [("+", "a"), ("+", "b"), ("-", "c")], checked."""
+  parts = re.findall(r"([+-])([^+-]+)", spec)
+  if not parts or "".join(s + n for s, n in parts) != spec:
+    raise ValueError(f"Variant {spec!r}: write +name or -name, joined.")
+  for sign, name in parts:
+    table = FIXES if sign == "+" else UNFIXES
+    if name not in table:
+      raise ValueError(f"Unknown {'fix' if sign == '+' else 'unfix'} "
+                       f"{name!r}; choose from {sorted(table)}.")
+  return parts
+
+
+def changes(spec: str):
+  """The (overrides, patch) pairs of a variant spec."""
+  return [(FIXES if sign == "+" else UNFIXES)[name][1:]
+          for sign, name in variant(spec)]

@@ -1,7 +1,7 @@
 """The implementations train_step.py and compile_time.py time.
 
 albert_jax's train step built as the trainer builds it (`JaxRunner`, with
-the `step_fixes` a `--fix` asks for), and transformers'
+the `step_fixes` variant a `--fix` or `--unfix` asks for), and transformers'
 `AlbertForPreTraining` trained with torch (`HFRunner`), both on one
 synthetic pre-training batch (`make_batch`); and the machine description
 every result carries (`machine_info`).
@@ -27,7 +27,7 @@ from albert_jax import sharding as sharding_lib
 from albert_jax import train_step as step_lib
 from albert_jax.model_config import ModelConfig
 
-from step_fixes import FIXES  # pylint: disable=g-bad-import-order
+import step_fixes  # pylint: disable=g-bad-import-order
 
 IMPLS = ("jax_adamw", "jax_lamb", "hf_eager", "hf_compile")
 LABELS = {"jax_adamw": "albert_jax AdamW", "jax_lamb": "albert_jax LAMB",
@@ -101,13 +101,14 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int,
 class JaxRunner:
   """albert_jax's train step, built as `albert_jax.train` builds it."""
 
-  def __init__(self, size, seq, batch_np, optimizer, dtype, fix=None,
+  def __init__(self, size, seq, batch_np, optimizer, dtype, variant="",
                compiler_options=None):
+    """`variant`: "" for the library as it is, or a `step_fixes.variant`
+    spec ("+fix", "-unfix", joined) applied while the step is traced."""
     section = model_section(size, seq)
     section.dtype = dtype
     patches = []
-    for name in fix.split("+") if fix else []:
-      _, overrides, patch = FIXES[name]
+    for overrides, patch in step_fixes.changes(variant) if variant else []:
       patches.append(patch)
       for key, value in overrides.items():
         section[key] = value

@@ -63,12 +63,16 @@ FLOPs (`albert_jax.flops`, matmuls only, backward = 2 x forward):
                 positions (`num_predictions=None`), i.e. more work for the
                 same loss.
 
-`--fix NAME` adds a row: albert_jax AdamW with a candidate library change
-applied by monkeypatching or config at trace time (`step_fixes.FIXES`;
-`a+b` applies two). `--profile DIR` traces a few steps of every albert_jax
-row with `jax.profiler` and prints where the step's time goes, by model
-component and by forward, backward and the rest (optimizer, non-finite
-guard, metrics), and the slowest HLO instructions (`step_profile`).
+`--unfix NAME` adds a row: albert_jax AdamW with one of the library's own
+speed-ups switched back off at trace time (`step_fixes.UNFIXES`: the
+CPU weight-gradient matmul of `layers.Dense`, the one-array GELU
+derivative; `a+b` reverts both), i.e. the before of a before/after in the
+same run. `--fix NAME` adds a row with a candidate change not in the
+library (`step_fixes.FIXES`). `--profile DIR` traces a few steps of every
+albert_jax row with `jax.profiler` and prints where the step's time goes,
+by model component and by forward, backward and the rest (optimizer,
+non-finite guard, metrics), and the slowest HLO instructions
+(`step_profile`).
 
 Usage:
   python experiments/benchmarks/train_step.py --sizes base --seqs 128
@@ -79,6 +83,7 @@ Usage:
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -94,7 +99,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import step_impls  # noqa: E402
 import step_profile  # noqa: E402
-from step_fixes import FIXES  # noqa: E402
+import step_fixes  # noqa: E402
 from step_impls import IMPLS, LABELS, HFRunner, JaxRunner  # noqa: E402
 
 
@@ -116,12 +121,12 @@ def time_runners(runners: dict, warmup: int, steps: int) -> dict:
 def build_runners(args, size, seq, batch_np, dtype, device, notes):
   """name → runner for one (size, seq); failures go to `notes`."""
   runners = {}
-  jax_rows = [(impl, impl.split("_")[1], None) for impl in args.impls
+  jax_rows = [(impl, impl.split("_")[1], "") for impl in args.impls
               if impl.startswith("jax_")]
-  jax_rows += [(f"jax_adamw+{fix}", "adamw", fix) for fix in args.fix]
-  for name, optimizer, fix in jax_rows:
+  jax_rows += [(f"jax_adamw{spec}", "adamw", spec) for spec in args.variants]
+  for name, optimizer, spec in jax_rows:
     runners[name] = JaxRunner(
-        size, seq, batch_np, optimizer, dtype, fix,
+        size, seq, batch_np, optimizer, dtype, spec,
         FAST_COMPILE_OPTIONS if args.fast_compile and device == "cpu"
         else None)
   hf_impls = [i for i in args.impls if i.startswith("hf_")]
@@ -155,9 +160,10 @@ def build_runners(args, size, seq, batch_np, dtype, device, notes):
 
 
 def row_label(name: str, attn: str) -> str:
-  if "+" in name:
-    impl, fix = name.split("+", 1)
-    return f"{LABELS[impl]} +{fix}"
+  """"jax_adamw-gelu_jvp" → "albert_jax AdamW -gelu_jvp"."""
+  impl, spec = re.match(r"([^+-]+)(.*)", name).groups()
+  if spec:
+    return f"{LABELS[impl]} {spec}"
   return LABELS[name] + (f" ({attn})" if name.startswith("hf_") else "")
 
 
@@ -219,9 +225,14 @@ def parse_args(argv=None):
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--impls", type=csv(str), default=list(IMPLS),
                  help=f"Any of {','.join(IMPLS)}.")
-  p.add_argument("--fix", type=csv(str), default=[],
-                 help=f"Extra albert_jax rows, each one of {','.join(FIXES)} "
+  p.add_argument("--unfix", type=csv(str), default=[],
+                 help="Extra albert_jax AdamW rows with library speed-ups "
+                      f"reverted: each one of {','.join(step_fixes.UNFIXES)} "
                       "or several joined by '+'.")
+  p.add_argument("--fix", type=csv(str), default=[],
+                 help="Extra albert_jax AdamW rows with candidate changes: "
+                      f"each one of {','.join(step_fixes.FIXES)} or several "
+                      "joined by '+'.")
   p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
   p.add_argument("--threads", type=int, default=0,
                  help="CPU threads for JAX and torch alike (the process is "
@@ -242,13 +253,20 @@ def parse_args(argv=None):
   p.add_argument("--json", default="", help="Also write results here.")
   args = p.parse_args(argv)
   bad = [i for i in args.impls if i not in IMPLS]
-  bad += [f for fix in args.fix for f in fix.split("+") if f not in FIXES]
+  bad += [f for fix in args.fix for f in fix.split("+")
+          if f not in step_fixes.FIXES]
+  bad += [f for unfix in args.unfix for f in unfix.split("+")
+          if f not in step_fixes.UNFIXES]
   bad += [s for s in args.sizes
           if s != "tiny" and s not in config_lib.ALBERT_SIZES]
   if bad:
-    p.error(f"unknown {bad}; --impls from {IMPLS}, --fix from "
-            f"{tuple(FIXES)}, --sizes from tiny, "
+    p.error(f"unknown {bad}; --impls from {IMPLS}, --unfix from "
+            f"{tuple(step_fixes.UNFIXES)}, --fix from "
+            f"{tuple(step_fixes.FIXES)}, --sizes from tiny, "
             f"{', '.join(config_lib.ALBERT_SIZES)}.")
+  # Row suffixes in step_fixes.variant's form: "-a-b" reverts, "+a+b" adds.
+  args.variants = (["-" + u.replace("+", "-") for u in args.unfix]
+                   + ["+" + f for f in args.fix])
   if min(args.steps, args.batch, args.profile_steps) < 1 or min(
       args.warmup, args.threads) < 0:
     p.error("--steps, --batch and --profile_steps must be >= 1, --warmup "
