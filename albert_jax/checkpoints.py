@@ -21,6 +21,7 @@ whose public names are importable from here too.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Mapping
 
@@ -76,6 +77,18 @@ def _write_error(mngr: ocp.CheckpointManager, step: int | None,
   return CheckpointWriteError(getattr(error, "errno", None), message)
 
 
+class _NoMetricsWarningFilter(logging.Filter):
+  """Drops orbax's warning about a save without metrics.
+
+  With a best metric tracked, orbax warns at every save given no metrics;
+  the trainer saves between evaluations by design (those checkpoints are
+  kept only while among the newest), so the warning says nothing.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "did not provide metrics" not in record.getMessage()
+
+
 class _Manager(ocp.CheckpointManager):
   """A CheckpointManager whose failed writes raise CheckpointWriteError.
 
@@ -87,12 +100,19 @@ class _Manager(ocp.CheckpointManager):
   _writing: int | None = None  # the step of the last save started
 
   def save(self, step, *args, **kwargs):
+    # orbax logs through absl, whose Python logger is "absl"; the filter is
+    # there only for this call, so no other warning is lost.
+    quiet = _NoMetricsWarningFilter()
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(quiet)
     try:
       started = super().save(step, *args, **kwargs)
     except CheckpointWriteError:  # the previous write, from the wait
       raise
     except OSError as e:
       raise _write_error(self, int(step), e) from e
+    finally:
+      absl_logger.removeFilter(quiet)
     if started:
       self._writing = int(step)
     return started

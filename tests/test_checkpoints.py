@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 
+from absl import logging as absl_logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -177,6 +178,21 @@ def test_checkpoints_without_metrics_are_not_kept_as_best(tmp_path):
            best_metric="mlm_accuracy")
   assert steps_on_disk(tmp_path) == [1, 4]
 
+
+
+def test_saves_between_evaluations_do_not_warn(tmp_path, caplog):
+  """orbax warns at every save without metrics when a best metric is
+  tracked; the trainer saves that way by design, so the manager drops that
+  one warning during its saves, and only that one."""
+  caplog.set_level(logging.WARNING)
+  metrics = [{"mlm_accuracy": 0.5}, None]
+  save_all(tmp_path, _small_states(range(1, 3)), metrics=metrics, keep=1,
+           best_metric="mlm_accuracy")
+  assert not [r for r in caplog.records
+              if "did not provide metrics" in r.getMessage()]
+  absl_logging.warning("Requested `tracked_metric`; did not provide metrics.")
+  assert [r for r in caplog.records
+          if "did not provide metrics" in r.getMessage()]
 
 _MESH_SCRIPT = textwrap.dedent("""
     import json, os, sys
