@@ -179,13 +179,16 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   # Text → instances. An empty tokenizer/data_dir means: build it in the
   # workdir from `corpus` (trained / prepared once, reused on resume);
   # tokenizer_type says what to train: "sentencepiece" (ALBERT's unigram
-  # model) or "bpe" (RoBERTa's byte-level BPE).
+  # model) or "bpe" (RoBERTa's byte-level BPE). exact_length (objective
+  # "none" only) cuts the token stream into windows of exactly
+  # max_seq_length, as GPT-1 did, instead of ending rows at sentence ends.
   c.data = ml_collections.ConfigDict(dict(
       corpus=BUNDLED_CORPUS, format="sentences", tokenizer="",
       tokenizer_type="sentencepiece",
       data_dir="", max_seq_length=max_seq_length, objective=objective,
       short_seq_prob=0.1, dupe_factor=1, nsp_negatives_in_sop=False,
-      eval_fraction=0.01, num_workers=1, prefetch=2, dynamic_masking=True))
+      exact_length=False, eval_fraction=0.01, num_workers=1, prefetch=2,
+      dynamic_masking=True))
   c.masking = ml_collections.ConfigDict(dict(
       max_predictions=max_predictions, masked_lm_prob=0.15, max_ngram=3,
       favor_shorter_ngram=True, whole_word=True,
@@ -251,6 +254,9 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
               warmup_steps)
   c.eval_batch_size = 0  # 0: batch_size
+  # λ of GPT-1's fine-tuning loss, task + λ × next-token loss on the task's
+  # input text (causal models only; GPT-1 used 0.5). 0: the task loss only.
+  c.lm_aux_weight = 0.0
   c.log_every_steps = 50
   c.eval_every_steps = 1000
   c.checkpoint_every_steps = 1000

@@ -6,11 +6,12 @@ layers, H=E=768, 12 heads, FFN 3072, exact gelu, dropout 0.1, LayerNorm eps
 1e-5, 512 learned positions, no segment embeddings (type_vocab_size 1),
 nothing shared. Adam with decoupled weight decay 0.01 (not on biases or
 LayerNorm gains) and bias correction, lr 2.5e-4 warmed up linearly over
-2000 updates and annealed to 0 on a cosine, batches of 64 sequences of up
-to 512 tokens (`data.objective="none"`: whole sentences packed in order,
-across document boundaries; GPT-1 cut its stream at exactly 512 tokens, so
-its rows had no padding, while here a row ends at the last sentence that
-fits and the loss skips the padding).
+2000 updates and annealed to 0 on a cosine, batches of 64 rows of exactly
+512 tokens cut from one token stream, as GPT-1 did (`data.objective="none"`
+with `data.exact_length=True`: documents in order with a [SEP] between them,
+every row full, sentences cut where a row ends; `exact_length=False` ends
+rows at sentence ends instead, RoBERTa-style, and the loss skips the
+padding).
 
 Steps: the paper trains 100 epochs of BooksCorpus and gives no step count.
 Here num_train_steps = epochs × corpus_tokens / (64 × 512), with
@@ -66,6 +67,7 @@ def get_config(arg=None):
       batch_size=batch, num_train_steps=steps, warmup_steps=warmup,
       max_seq_length=seq_len)
   c.pretraining = "causal_lm"
+  c.data.exact_length = True
   c.optimizer.schedule = "cosine"
   c.optimizer.eps = 1e-8
   c.optimizer.bias_correction = True

@@ -356,7 +356,8 @@ def test_gpt_small_is_gpt1():
           o.end_learning_rate, o.weight_decay, o.bias_correction) == (
               "adamw", 2.5e-4, 2000, "cosine", 0.0, 0.01, True)
   assert (c.batch_size, c.data.max_seq_length, c.data.objective,
-          c.pretraining) == (64, 512, "none", "causal_lm")
+          c.data.exact_length, c.pretraining) == (
+              64, 512, "none", True, "causal_lm")
   assert c.num_train_steps == round(100 * 1_040_000_000 / (64 * 512))
   assert gpt_config("epochs=1,corpus_tokens=32768000").num_train_steps == 1000
   # 116.5M for GPT-1's weights, plus the pooler, the embedding LayerNorm and
@@ -425,6 +426,13 @@ def test_cli_trains_the_tiny_gpt(gpt_run):
   assert final["eval_lm_perplexity"] == pytest.approx(
       math.exp(final["eval_lm_loss"]), rel=1e-5)
   assert "eval_mlm_accuracy" not in final
+  # GPT-1's rows: the stream cut at exactly 64 tokens (the tiny length),
+  # so every row but the last of the split is full.
+  meta = json.load(open(os.path.join(gpt_run, "data", "dataset.json")))
+  assert meta["config"]["exact_length"] is True
+  train_split = meta["splits"]["train"]
+  assert train_split["instances"] > 10
+  assert train_split["tokens"] > (train_split["instances"] - 1) * 64
   rows = [json.loads(line) for line in open(
       os.path.join(gpt_run, "tensorboard", "metrics.jsonl"))]
   train = [r for r in rows if "train/lm_loss" in r]

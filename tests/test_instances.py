@@ -335,6 +335,73 @@ def test_full_sentences_no_doubled_separators():
       [CLS, 20, 21, 22, SEP, 30, SEP]]
 
 
+
+def test_exact_length_cuts_the_stream_at_exactly_max_seq_length():
+  """GPT-1's windows: a sentence that does not fit fills the row and goes
+  on in the next; only the last row is short."""
+  cfg = inst_lib.InstanceConfig(max_seq_length=6, objective="none",
+                                exact_length=True)
+  docs = [[[10, 11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21]],
+          [[30, 31]], [], [[40]]]
+  made = list(inst_lib.pack_full_sentences(docs, cfg, CLS, SEP,
+                                           inst_lib.Stats()))
+  assert [x.tokens.tolist() for x in made] == [
+      [CLS, 10, 11, 12, 13, SEP],
+      [CLS, 14, 15, 16, 17, SEP],
+      [CLS, 18, 19, 20, 21, SEP],
+      [CLS, 30, 31, SEP, 40, SEP]]
+  # Without it, the same documents end rows at sentence ends.
+  loose = inst_lib.InstanceConfig(max_seq_length=6, objective="none")
+  made = list(inst_lib.pack_full_sentences(docs, loose, CLS, SEP,
+                                           inst_lib.Stats()))
+  assert [x.tokens.tolist() for x in made] == [
+      [CLS, 10, 11, 12, SEP],
+      [CLS, 13, 14, 15, 16, SEP],
+      [CLS, 17, 18, 19, 20, SEP],
+      [CLS, 21, SEP, 30, 31, SEP],
+      [CLS, 40, SEP]]
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(
+    st.lists(st.lists(st.integers(1, 30), max_size=5), min_size=1,
+             max_size=6),
+    st.integers(5, 40))
+def test_exact_length_rows_are_full_and_keep_the_stream(lengths, seq_len):
+  docs, doc_of_token, next_id = [], {}, 10
+  for d, sentence_lengths in enumerate(lengths):
+    doc = []
+    for n in sentence_lengths:
+      doc.append(list(range(next_id, next_id + n)))
+      doc_of_token.update({t: d for t in doc[-1]})
+      next_id += n
+    docs.append(doc)
+  cfg = inst_lib.InstanceConfig(max_seq_length=seq_len, objective="none",
+                                exact_length=True)
+  made = [x.tokens.tolist() for x in inst_lib.pack_full_sentences(
+      docs, cfg, CLS, SEP, inst_lib.Stats())]
+  for row in made:
+    assert row[0] == CLS and row[-1] == SEP and row[1] != SEP
+  assert all(len(row) == seq_len for row in made[:-1])
+  joined = [t for row in made for t in row[1:-1]]
+  # Every token once, in order; a [SEP] only where documents change, and
+  # within a row every change of document has one.
+  assert [t for t in joined if t != SEP] == list(range(10, next_id))
+  for row in made:
+    content = row[1:-1]
+    for i, t in enumerate(content):
+      if t == SEP:
+        assert i > 0 and content[i - 1] != SEP
+        if i + 1 < len(content):
+          assert doc_of_token[content[i - 1]] != doc_of_token[content[i + 1]]
+      elif i + 1 < len(content) and content[i + 1] != SEP:
+        assert doc_of_token[t] == doc_of_token[content[i + 1]]
+
+
+def test_exact_length_needs_the_full_sentences_objective():
+  with pytest.raises(ValueError, match="objective='none'"):
+    inst_lib.InstanceConfig(objective="sop", exact_length=True)
+
 # ---------------------------------------------------------------------------
 # truncate_seq_pair.
 # ---------------------------------------------------------------------------

@@ -16,7 +16,10 @@ longer side from a random end. Objectives:
   probability 0.5.
 - "none" (RoBERTa FULL-SENTENCES): sentences packed contiguously up to
   `max_seq_length - 2` tokens, crossing document boundaries with an extra
-  [SEP] between documents; label -1.
+  [SEP] between documents; label -1. With `exact_length=True` (GPT-1's
+  contiguous windows) the stream is cut at exactly that many tokens, the
+  cut falling inside a sentence where it must, so every instance but the
+  last has no padding.
 
 Every document gets its own random stream derived from (seed, duplicate,
 document index), so the output does not depend on how documents are split
@@ -41,11 +44,17 @@ class InstanceConfig:
   objective: str = "sop"
   nsp_negatives_in_sop: bool = False
   dupe_factor: int = 1
+  exact_length: bool = False
 
   def __post_init__(self):
     if self.objective not in OBJECTIVES:
       raise ValueError(f"objective={self.objective!r}; choose one of "
                        f"{OBJECTIVES}.")
+    if self.exact_length and self.objective != "none":
+      raise ValueError(
+          f"exact_length=True cuts one token stream into windows, which "
+          f"has no sentence pairs; objective={self.objective!r} needs them. "
+          "Set objective='none' (data.objective) or exact_length=False.")
     if self.max_seq_length < 5:
       raise ValueError("max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]).")
     if not 0.0 <= self.short_seq_prob <= 1.0:
@@ -203,7 +212,12 @@ def pack_full_sentences(documents: Iterable[Document], config: InstanceConfig,
                         cls_id: int, sep_id: int, stats: Stats
                         ) -> Iterator[Instance]:
   """RoBERTa FULL-SENTENCES: [CLS] s1 s2 ... [SEP], crossing documents with an
-  extra [SEP] between them. Sentences longer than the budget are split."""
+  extra [SEP] between them. Sentences longer than the budget are split.
+
+  With `config.exact_length` (GPT-1) a sentence that does not fit fills the
+  instance to exactly `max_seq_length` tokens and goes on in the next one.
+  """
+  del stats  # nothing is skipped here
   budget = config.max_seq_length - 2
   current: list[int] = []
 
@@ -222,15 +236,30 @@ def pack_full_sentences(documents: Iterable[Document], config: InstanceConfig,
       sentence = list(sentence)
       while sentence:
         sep = [sep_id] if boundary and current else []
-        room = budget - len(current) - len(sep)
-        if len(sentence) > room and current:
-          yield flush()
-          current = []
-          continue
-        current.extend(sep)
-        boundary = False
-        current.extend(sentence[:budget])
-        sentence = sentence[budget:]
+        room = budget - len(current)
+        if config.exact_length:
+          # The boundary [SEP] takes a slot like any token of the stream
+          # (so a row may end "... [SEP] [SEP]"), and one that would open a
+          # row is left out, as it is without exact_length.
+          if room == 0:
+            yield flush()
+            current = []
+            continue
+          current.extend(sep)
+          boundary = False
+          room -= len(sep)
+        else:
+          room -= len(sep)
+          if len(sentence) > room and current:
+            yield flush()
+            current = []
+            continue
+          current.extend(sep)
+          boundary = False
+        # The whole sentence when it fits; otherwise (an empty row, or
+        # exact_length) as much as the room holds, the rest in the next row.
+        current.extend(sentence[:room])
+        sentence = sentence[room:]
   if current:
     yield flush()
 

@@ -10,6 +10,7 @@ reused.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -170,15 +171,21 @@ def _prepare_config(config, tokenizer_path: str, output_dir: str):
       max_seq_length=d.max_seq_length, objective=d.objective,
       nsp_negatives_in_sop=d.nsp_negatives_in_sop,
       short_seq_prob=d.short_seq_prob, dupe_factor=d.dupe_factor,
-      seed=config.seed, eval_fraction=d.eval_fraction,
+      # .get: configs written before the field existed (a resumed run's
+      # config.json, a hand-built data section) cut at sentence ends.
+      exact_length=d.get("exact_length", False), seed=config.seed, eval_fraction=d.eval_fraction,
       num_workers=d.num_workers)
 
 
 def _recipe_matches(metadata: dict, wanted: prepare_lib.PrepareConfig) -> bool:
   have = metadata.get("config", {})
   keys = ("max_seq_length", "objective", "nsp_negatives_in_sop",
-          "short_seq_prob", "dupe_factor", "seed", "eval_fraction")
-  return all(have.get(k) == getattr(wanted, k) for k in keys)
+          "short_seq_prob", "dupe_factor", "exact_length", "seed",
+          "eval_fraction")
+  # Data prepared before a field existed was prepared with its default.
+  defaults = {f.name: f.default
+              for f in dataclasses.fields(prepare_lib.PrepareConfig)}
+  return all(have.get(k, defaults[k]) == getattr(wanted, k) for k in keys)
 
 
 def ensure_dataset(config, workdir: str, tokenizer) -> str:

@@ -67,6 +67,7 @@ class PrepareConfig:
   nsp_negatives_in_sop: bool = False
   short_seq_prob: float = 0.1
   dupe_factor: int = 1
+  exact_length: bool = False
   seed: int = 12345
   docs_per_block: int = 2000
   eval_fraction: float = 0.0
@@ -77,7 +78,7 @@ class PrepareConfig:
         max_seq_length=self.max_seq_length,
         short_seq_prob=self.short_seq_prob, objective=self.objective,
         nsp_negatives_in_sop=self.nsp_negatives_in_sop,
-        dupe_factor=self.dupe_factor)
+        dupe_factor=self.dupe_factor, exact_length=self.exact_length)
 
   def validate(self) -> None:
     self.instance_config()  # raises on a bad recipe

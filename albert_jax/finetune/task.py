@@ -16,6 +16,12 @@ Conventions every task follows:
   * `predict` runs inside jit on a batch; `evaluate` and `write_predictions`
     run on the host on all of a split's predictions, in row order, padding
     rows removed.
+
+`TaskObjective` makes a task the train step's objective. GPT-1 (Radford et
+al. 2018, sec. 3.2) fine-tunes a causal model on the task loss plus λ × its
+next-token loss on the task's own input text: `FineTuneModel(lm_head=True)`
+keeps the pre-trained tied "lm" head for that, `lm_aux_sums` is that loss in
+sum form, and `TaskObjective(..., lm_aux_weight=λ)` adds it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import models
+from albert_jax import objectives
 from albert_jax.model_config import ModelConfig
 
 INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")
@@ -122,21 +129,136 @@ class FineTuneModel(nn.Module):
   """The pre-trained encoder (under "albert") with a task head ("head").
 
   The encoder's parameters carry the pre-training names, so a checkpoint's
-  embeddings/encoder/pooler drop into `params["albert"]` unchanged.
+  embeddings/encoder/pooler (and "lm" head) drop into `params["albert"]`
+  unchanged.
+
+  Attributes:
+    config: the encoder's hyperparameters.
+    head: the task head (`Task.head`).
+    lm_head: also build a causal model's next-token "lm" head, tied to the
+      word embeddings, and return its "lm_logits" (GPT-1's auxiliary
+      language-modelling loss).
   """
   config: ModelConfig
   head: nn.Module
+  lm_head: bool = False
 
   @nn.compact
   def __call__(self, batch: dict, deterministic: bool = True) -> dict:
-    """batch: INPUT_KEYS [N, T] or [N, C, T] (+ labels) → head outputs."""
+    """batch: INPUT_KEYS [N, T] or [N, C, T] (+ labels) → head outputs, plus
+    with `lm_head` "lm_logits" [N(, C), T, V] (position t scoring token
+    t + 1)."""
     ids = batch["input_ids"]
     lead, length = ids.shape[:-1], ids.shape[-1]
     flat = {k: batch[k].reshape((-1, length)) for k in INPUT_KEYS}
-    encoded = models.Albert(self.config, pooler=True, heads=(),
+    encoded = models.Albert(self.config, pooler=True,
+                            heads=("lm",) if self.lm_head else (),
                             name="albert")(
                                 flat["input_ids"], flat["token_type_ids"],
                                 flat["attention_mask"],
                                 deterministic=deterministic)
     encoded = {k: v.reshape(lead + v.shape[1:]) for k, v in encoded.items()}
-    return self.head(encoded, batch, deterministic)
+    lm_logits = encoded.pop("lm_logits", None)
+    out = self.head(encoded, batch, deterministic)
+    if lm_logits is not None:
+      out = {**out, "lm_logits": lm_logits}
+    return out
+
+
+def lm_aux_targets(batch: dict) -> tuple[jax.Array, jax.Array]:
+  """Next-token targets of a task batch's rows, row weights applied.
+
+  Args:
+    batch: INPUT_KEYS [N, T] or [N, C, T] and "weights" [N].
+
+  Returns:
+    (labels, weights), each [N·C, T - 1]: `objectives.lm_targets` of every
+    row (each choice of a multiple-choice row is one), its weights times the
+    row's: only real tokens of one packed sequence predict each other, and
+    rows that pad an eval batch predict nothing.
+  """
+  ids = batch["input_ids"]
+  length = ids.shape[-1]
+  labels, weights = objectives.lm_targets(
+      ids.reshape((-1, length)), batch["attention_mask"].reshape((-1, length)))
+  rows = batch["weights"].astype(jnp.float32)
+  rows = jnp.broadcast_to(rows.reshape(rows.shape + (1,) * (ids.ndim - 2)),
+                          ids.shape[:-1]).reshape(-1)
+  return labels, weights * rows[:, None]
+
+
+def lm_aux_sums(lm_logits: jax.Array, batch: dict) -> dict[str, jax.Array]:
+  """The next-token loss on a task batch's input text, in sum form.
+
+  Args:
+    lm_logits: [N(, C), T, V], position t scoring token t + 1.
+    batch: as for `lm_aux_targets`.
+
+  Returns:
+    "lm_loss_sum", "lm_correct" and "lm_count" (the weighted number of
+    predicted tokens), as `objectives.lm_sums` gives them in pre-training.
+  """
+  labels, weights = lm_aux_targets(batch)
+  logits = lm_logits.reshape((-1,) + lm_logits.shape[-2:])[:, :-1]
+  loss = objectives.cross_entropy(logits, labels)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {"lm_loss_sum": jnp.sum(loss * weights),
+          "lm_correct": jnp.sum(correct * weights),
+          "lm_count": jnp.sum(weights)}
+
+
+class TaskObjective:
+  """A task as the train step's objective.
+
+  Its loss terms: "task", whose whole-batch denominator is the number of
+  real rows, and with `lm_aux_weight` λ > 0 "lm_aux", λ × the next-token
+  loss summed over the task rows' real tokens, whose denominator is the
+  number of tokens predicted. Each term's sum is divided once by its
+  denominator over the whole (accumulated) batch, so accumulation stays
+  exact. The metrics keep "loss" the task's and add "lm_loss" and
+  "lm_accuracy".
+  """
+
+  def __init__(self, model: FineTuneModel, task: Task,
+               lm_aux_weight: float = 0.0):
+    if lm_aux_weight < 0:
+      raise ValueError(f"lm_aux_weight must be >= 0, got {lm_aux_weight}.")
+    if lm_aux_weight > 0 and not model.lm_head:
+      raise ValueError(
+          "lm_aux_weight > 0 needs the model's next-token head; build it "
+          "with FineTuneModel(..., lm_head=True).")
+    self.model, self.task = model, task
+    self.lm_aux_weight = float(lm_aux_weight)
+
+  def outputs(self, params, batch, rng, deterministic: bool) -> dict:
+    return self.model.apply({"params": params}, batch,
+                            deterministic=deterministic,
+                            rngs=None if deterministic else {"dropout": rng})
+
+  def sums(self, params, batch: dict, rng, deterministic: bool) -> dict:
+    outputs = self.outputs(params, batch, rng, deterministic)
+    sums = self.task.loss_sums(outputs, batch)
+    out = {f"task_{k}": v for k, v in sums.items()}
+    out["task_count"] = jnp.sum(batch["weights"].astype(jnp.float32))
+    if self.lm_aux_weight > 0:
+      lm = lm_aux_sums(outputs["lm_logits"], batch)
+      out.update(lm)
+      out["lm_aux_loss_sum"] = self.lm_aux_weight * lm["lm_loss_sum"]
+    return out
+
+  def denominators(self, batch: dict) -> dict[str, jax.Array]:
+    dens = {"task": jnp.maximum(
+        jnp.sum(batch["weights"].astype(jnp.float32)), 1.0)}
+    if self.lm_aux_weight > 0:
+      dens["lm_aux"] = jnp.maximum(jnp.sum(lm_aux_targets(batch)[1]), 1.0)
+    return dens
+
+  def metrics(self, sums: dict) -> dict[str, jax.Array]:
+    inner = {k[len("task_"):]: v for k, v in sums.items()
+             if k.startswith("task_") and k != "task_count"}
+    out = dict(self.task.train_metrics(inner, sums["task_count"]))
+    if self.lm_aux_weight > 0:
+      count = jnp.maximum(sums["lm_count"], 1.0)
+      out["lm_loss"] = sums["lm_loss_sum"] / count
+      out["lm_accuracy"] = sums["lm_correct"] / count
+    return out

@@ -8,12 +8,18 @@ dtype, attention kernel). Everything else is the pre-training machinery: the
 same mesh and sharding rules, optimizer, train step (with the task as its
 objective), loop, checkpoints and metrics. At the end the best checkpoint by
 the task's metric writes the prediction files into `workdir/predictions`.
+
+`config.lm_aux_weight` λ > 0 fine-tunes a causal (GPT) model as GPT-1 did
+(Radford et al. 2018, sec. 3.2; λ = 0.5 there): the task loss plus λ × the
+next-token loss on the task rows' own input text, through the pre-trained
+"lm" head tied to the word embeddings.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -32,45 +38,49 @@ from albert_jax.finetune import batching
 from albert_jax.finetune import tasks
 from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import Task
+from albert_jax.finetune.task import TaskObjective
 from albert_jax.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 
-class TaskObjective:
-  """A task as the train step's objective: one loss term, "task", whose
-  whole-batch denominator is the number of real rows."""
+def lm_aux_weight(config, model_config: ModelConfig | None = None) -> float:
+  """`config.lm_aux_weight` (0 where the config has none), checked.
 
-  def __init__(self, model: FineTuneModel, task: Task):
-    self.model, self.task = model, task
-
-  def outputs(self, params, batch, rng, deterministic: bool) -> dict:
-    return self.model.apply({"params": params}, batch,
-                            deterministic=deterministic,
-                            rngs=None if deterministic else {"dropout": rng})
-
-  def sums(self, params, batch: dict, rng, deterministic: bool) -> dict:
-    sums = self.task.loss_sums(
-        self.outputs(params, batch, rng, deterministic), batch)
-    out = {f"task_{k}": v for k, v in sums.items()}
-    out["task_count"] = jnp.sum(batch["weights"].astype(jnp.float32))
-    return out
-
-  def denominators(self, batch: dict) -> dict[str, jax.Array]:
-    return {"task": jnp.maximum(
-        jnp.sum(batch["weights"].astype(jnp.float32)), 1.0)}
-
-  def metrics(self, sums: dict) -> dict[str, jax.Array]:
-    inner = {k[len("task_"):]: v for k, v in sums.items() if k != "task_count"}
-    return dict(self.task.train_metrics(inner, sums["task_count"]))
+  Raises:
+    ValueError: not a finite number >= 0, or, given `model_config`, > 0 on
+      a bidirectional model.
+  """
+  weight = config.get("lm_aux_weight", 0.0)
+  if (isinstance(weight, bool) or not isinstance(weight, (int, float))
+      or not math.isfinite(weight) or weight < 0):
+    raise ValueError(
+        f"config.lm_aux_weight must be a number >= 0 (0 turns GPT-1's "
+        f"auxiliary language-modelling loss off; GPT-1 used 0.5), got "
+        f"{weight!r}.")
+  if weight > 0 and model_config is not None and not model_config.causal:
+    raise ValueError(
+        f"config.lm_aux_weight={weight} adds GPT-1's next-token loss, which "
+        f"needs a causal (GPT) model, and {config.init or 'config.model'} "
+        "is bidirectional (model.causal=False): each token sees the one it "
+        "would predict. Fine-tune a causal model (the workdir of a "
+        "config.pretraining='causal_lm' run, e.g. configs/gpt_small.py) or "
+        "set --config.lm_aux_weight=0.")
+  return float(weight)
 
 
 def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
-  """(model config, pre-trained encoder params or None, tokenizer)."""
+  """(model config, pre-trained encoder params or None, tokenizer).
+
+  The encoder params are the checkpoint's embeddings, encoder and pooler,
+  plus its "lm" head where `config.lm_aux_weight` > 0 (and it has one).
+  """
   overrides = {k: v for k, v in config.model.items() if v is not None}
+  lm_aux = lm_aux_weight(config) > 0
   if config.init:
     from albert_jax.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
     pre = load_pretrained(config.init, **overrides)
+    lm_aux_weight(config, pre.model_config)
     if pre.tokenizer is None and not config.data.get("tokenizer"):
       raise ValueError(
           f"{config.init} has no tokenizer; set config.data.tokenizer to its "
@@ -79,8 +89,8 @@ def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
     if config.data.get("tokenizer"):
       from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
       tokenizer = Tokenizer.from_file(config.data.tokenizer)
-    encoder = {k: pre.params[k] for k in ("embeddings", "encoder", "pooler")
-               if k in pre.params}
+    parts = ("embeddings", "encoder", "pooler") + (("lm",) if lm_aux else ())
+    encoder = {k: pre.params[k] for k in parts if k in pre.params}
     if "pooler" not in encoder:
       log.warning("%s has no pooler weights; the pooler starts from random "
                   "values.", config.init)
@@ -92,13 +102,27 @@ def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
         "weights, config.data.tokenizer plus the full config.model.")
   from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   log.warning("config.init is empty: fine-tuning from random weights.")
-  return (ModelConfig.from_dict(overrides), None,
-          Tokenizer.from_file(config.data.tokenizer))
+  model_config = ModelConfig.from_dict(overrides)
+  lm_aux_weight(config, model_config)
+  return model_config, None, Tokenizer.from_file(config.data.tokenizer)
 
 
-def _place_encoder(state, shardings, encoder) -> dict:
-  """Puts the pre-trained arrays into `params["albert"]`, checking shapes."""
+def _place_encoder(state, shardings, encoder, required=()) -> dict:
+  """Puts the pre-trained arrays into `params["albert"]`, checking shapes.
+
+  `required`: parts of `params["albert"]` that must come from `encoder`
+  wherever the model has parameters for them (the "lm" head of
+  `lm_aux_weight`, which must never start from random values).
+  """
   target = state["params"]["albert"]
+  absent = [k for k in required if k in target and k not in encoder]
+  if absent:
+    raise ValueError(
+        f"config.lm_aux_weight > 0 decodes through the pre-trained "
+        f"next-token head, and the checkpoint has no {absent[0]!r} "
+        f"parameters ({', '.join(step_lib.leaf_paths(target[absent[0]]))}). "
+        "Start from the workdir of a config.pretraining='causal_lm' run, "
+        "which saves them, or set --config.lm_aux_weight=0.")
   flat_new = dict(jax.tree_util.tree_flatten_with_path(encoder)[0])
   problems = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
@@ -162,6 +186,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   mesh, rules = loop.mesh_and_rules(config)
   task = tasks.make_task(config.data.task, config.data)
   model_config, encoder, tokenizer = encoder_start(config)
+  lm_weight = lm_aux_weight(config, model_config)
   seq_len = config.data.max_seq_length
   train_split = task.load(task.train_split, tokenizer, seq_len)
   eval_splits = [task.load(s, tokenizer, seq_len) for s in task.eval_splits]
@@ -171,8 +196,9 @@ def run(config, workdir: str) -> dict[str, Any]:
   ##############################################################################
   # Mesh, model, optimizer and state (restored, or pre-trained + new head).
   ##############################################################################
-  model = FineTuneModel(model_config, task.head(model_config))
-  objective = TaskObjective(model, task)
+  model = FineTuneModel(model_config, task.head(model_config),
+                        lm_head=lm_weight > 0)
+  objective = TaskObjective(model, task, lm_weight)
   tx, schedule = optim.make(config)
   example = {k: v[:1] for k, v in train_split.features.items()}
   example["weights"] = np.ones(1, np.float32)
@@ -183,7 +209,8 @@ def run(config, workdir: str) -> dict[str, Any]:
   start = loop.restore_or_create(
       config, workdir, init, tx, mesh, rules, best_metric=best_key,
       on_create=None if encoder is None else (
-          lambda st, sh: _place_encoder(st, sh, encoder)))
+          lambda st, sh: _place_encoder(
+              st, sh, encoder, required=("lm",) if lm_weight > 0 else ())))
   state, shardings, mngr = start.state, start.shardings, start.mngr
   abstract = start.abstract
   start_step = start.step
@@ -227,7 +254,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   seq_shape = train_split.features["input_ids"].shape[1:]
   flops_per_step = flops_lib.training_flops_per_step(
       model_config, config.batch_size * int(np.prod(seq_shape[:-1])),
-      seq_shape[-1], 0, heads=())
+      seq_shape[-1], 0, heads=("lm",) if lm_weight > 0 else ())
   out = loop.fit(
       config, state=state, train_step=train, mngr=mngr, workdir=workdir,
       batches=train_batches.iterate(
