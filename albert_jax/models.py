@@ -124,10 +124,17 @@ class FFNBlock(nn.Module):
               param_dtype=cfg.parameter_dtype)
     y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
                      name="intermediate", **kw)(x)
-    y = layers.activation(cfg.hidden_act)(y)
     y = _constrain(y, ("batch", "length", "mlp"))
-    y = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
-                     **kw)(y)
+    output = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
+                          **kw)
+    act = layers.activation(cfg.hidden_act)
+    # The activation is recomputed in the backward pass (one elementwise op)
+    # so that only its input is kept, not also its output, which the output
+    # matmul's weight gradient would otherwise hold: one [B, T, F] array per
+    # layer instead of two. The matmul itself is not redone (its result is
+    # not needed backwards).
+    y = nn.checkpoint(lambda module, h: module(act(h)), prevent_cse=False)(
+        output, y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
                          param_dtype=cfg.parameter_dtype,

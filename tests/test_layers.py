@@ -9,6 +9,8 @@ are unchanged, and the backward pass keeps fewer arrays.
 
 import contextlib
 import io
+import os
+import sys
 
 import flax.linen as nn
 import jax
@@ -23,6 +25,12 @@ from albert_jax import models
 from albert_jax import train_step as step_lib
 from albert_jax.compile_only import FAST_COMPILE_OPTIONS
 from albert_jax.model_config import ModelConfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "experiments", "benchmarks"))
+# The benchmarks' before/after switches: each puts a library change back to
+# what autodiff of the plain formula does.
+import step_fixes  # noqa: E402  pylint: disable=g-import-not-at-top
 
 TPU = jax.sharding.AbstractDevice("TPU v5 lite", None, "tpu")
 
@@ -262,20 +270,22 @@ def loss_fn(cfg):
   return loss
 
 
+ALL_CHANGES = "-dense_vjp-gelu_jvp-layer_norm_vjp-ffn_act_remat-attn_rows"
+
+
 @contextlib.contextmanager
-def without_the_changes(monkeypatch):
-  """Dense as a plain einsum, the GELUs as jax.nn.gelu and LayerNorm as its
-  formula, all differentiated by autodiff."""
-  with monkeypatch.context() as m:
-    m.setattr(layers, "_compile_platform", lambda: "tpu")
-    m.setattr(layers, "_layer_norm", lambda x, scale, bias, eps: (
-        layers._layer_norm_fwd(x, scale, bias, eps)[0]))
-    m.setattr(layers, "gelu_tanh", lambda x: jax.nn.gelu(x, True))
-    m.setattr(layers, "gelu_erf", lambda x: jax.nn.gelu(x, False))
+def without_the_changes(spec: str = ALL_CHANGES):
+  """The library with the changes `spec` names switched off (by default
+  all: Dense as a plain einsum, the GELUs as jax.nn.gelu, LayerNorm as its
+  formula, the FFN keeping its activation's output, attention as
+  scores/softmax/context differentiated by autodiff)."""
+  with contextlib.ExitStack() as stack:
+    for _, patch in step_fixes.changes(spec):
+      stack.enter_context(patch())
     yield
 
 
-def test_tiny_model_loss_and_gradients_are_unchanged(monkeypatch):
+def test_tiny_model_loss_and_gradients_are_unchanged():
   cfg = tiny()
   params = jax.jit(init_params(cfg), compiler_options=FAST_COMPILE_OPTIONS)(
       jax.random.key(0))
@@ -284,7 +294,7 @@ def test_tiny_model_loss_and_gradients_are_unchanged(monkeypatch):
     return jax.jit(jax.value_and_grad(loss_fn(cfg)),
                    compiler_options=FAST_COMPILE_OPTIONS)(params)
   loss, grads = run()
-  with without_the_changes(monkeypatch):
+  with without_the_changes():
     loss_ref, grads_ref = run()
   np.testing.assert_allclose(loss, loss_ref, rtol=1e-6)
   # Gradients that are zero in exact arithmetic (the key bias's: softmax
@@ -309,26 +319,50 @@ def stacked_residuals(cfg, width) -> int:
   return sum(s[s.index("["):] == wanted for s in shapes if "[" in s)
 
 
+def stacked_attention_residuals(cfg) -> list[str]:
+  """The [layers, B, heads, T, T]-shaped arrays the backward pass keeps."""
+  params = jax.eval_shape(init_params(cfg), jax.random.key(0))
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    jax.ad_checkpoint.print_saved_residuals(loss_fn(cfg), params)
+  wanted = f"[{cfg.num_steps},{BATCH},{cfg.num_attention_heads},{SEQ},{SEQ}]"
+  shapes = [line.split(" ")[0] for line in out.getvalue().splitlines()]
+  return [s for s in shapes if s.endswith(wanted)]
+
+
 @pytest.mark.parametrize("hidden_act, before", [("gelu_new", 6),
                                                 ("gelu", 4)])
-def test_the_ffn_keeps_two_stacked_residuals(hidden_act, before,
-                                             monkeypatch):
-  """gelu'(x) and the output dense's input, where autodiff keeps `before`
-  (x³, tanh and their products; or erfc and exp)."""
+def test_the_ffn_keeps_one_stacked_residual(hidden_act, before):
+  """The activation's input only: its output is recomputed (one elementwise
+  op) rather than kept for the output matmul's weight gradient. Without
+  that it keeps two (the input and gelu'(x)), and with autodiff's GELU
+  `before` (x³, tanh and their products; or erfc and exp)."""
   cfg = tiny(hidden_act)
-  assert stacked_residuals(cfg, FFN) == 2
-  with without_the_changes(monkeypatch):
+  assert stacked_residuals(cfg, FFN) == 1
+  with without_the_changes("-ffn_act_remat"):
+    assert stacked_residuals(cfg, FFN) == 2
+  with without_the_changes():
     assert stacked_residuals(cfg, FFN) == before
 
 
-def test_layer_norms_keep_one_stacked_residual_each(monkeypatch):
+def test_attention_keeps_one_stacked_probability_array():
+  """The probabilities, where autodiff of scale, softmax and the zeroing of
+  padding rows keeps two (exp(x - max) and the probabilities)."""
+  cfg = tiny()
+  assert stacked_attention_residuals(cfg) == [
+      f"f32[3,{BATCH},{cfg.num_attention_heads},{SEQ},{SEQ}]"]
+  with without_the_changes("-attn_rows"):
+    assert len(stacked_attention_residuals(cfg)) == 2
+
+
+def test_layer_norms_keep_one_stacked_residual_each():
   """Per layer: the block's input, each LayerNorm's normalised input, and
   the first one's output (the FFN's input); autodiff of LayerNorm keeps two
   more arrays each (x - mean and 2·(x - mean)), and Dense's flattened
   inputs would be three copies of one for Q, K and V."""
   cfg = tiny()
   assert stacked_residuals(cfg, cfg.hidden_size) == 4
-  with without_the_changes(monkeypatch):
+  with without_the_changes():
     assert stacked_residuals(cfg, cfg.hidden_size) == 8
 
 

@@ -102,24 +102,65 @@ def _check_shapes(q, k, v, segment_ids, kv_segment_ids):
                      f"the keys, got {kv_ids.shape}.")
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _softmax(logits: jax.Array, dtype) -> jax.Array:
+  """Softmax over the last axis of float32 `logits`, returned in `dtype`.
+
+  Its backward pass keeps only the output, in `dtype`, which the context
+  einsum's backward needs anyway: autodiff of the formula would keep
+  exp(x - max) and the float32 probabilities as well as their `dtype` copy
+  (three [batch, heads, q_len, kv_len] arrays per layer in bfloat16, two in
+  float32, where this keeps one).
+  """
+  unnormalized = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+  return (unnormalized / jnp.sum(unnormalized, axis=-1, keepdims=True)
+          ).astype(dtype)
+
+
+def _softmax_fwd(logits, dtype):
+  probs = _softmax(logits, dtype)
+  return probs, probs
+
+
+def _softmax_bwd(dtype, probs, g):
+  del dtype
+  y, g = probs.astype(jnp.float32), g.astype(jnp.float32)
+  return (y * (g - jnp.sum(y * g, axis=-1, keepdims=True)),)
+
+
+_softmax.defvjp(_softmax_fwd, _softmax_bwd)
+
+
 def _xla_attention(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
-  """Reference path: [batch, seq, heads, head_dim] in and out."""
-  depth = q.shape[-1]
+  """Reference path: [batch, seq, heads, head_dim] in and out.
+
+  `mask` is [batch or 1, 1, q_len, kv_len] bool or None. The backward pass
+  keeps one [batch, heads, q_len, kv_len] array (the probabilities, in v's
+  dtype) besides the mask: 1/√d scales q rather than the logits, the
+  softmax's derivative needs only its output, and a query that sees no key
+  is zeroed in the [batch, q_len, heads, head_dim] output rather than in
+  the probabilities.
+  """
+  # In q's dtype: exact for head_dim 64 (1/8) and within the rounding the
+  # bf16 logits carry anyway otherwise.
+  q = q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
                       preferred_element_type=jnp.float32)
-  logits = logits * (1.0 / jnp.sqrt(depth).astype(jnp.float32))
   if mask is not None:
-    # finfo.min rather than -inf: a row with no valid key stays finite and is
-    # zeroed below instead of turning into NaN.
+    # finfo.min rather than -inf: a row with no valid key stays finite (a
+    # uniform row, zeroed in the output below) instead of turning into NaN;
+    # in any other row a masked key's probability is exactly 0.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1)
-  if mask is not None:
-    probs = jnp.where(mask, probs, 0.0)
+  probs = _softmax(logits, v.dtype)
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  probs = probs.astype(v.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    probs = jnp.where(keep, probs / jnp.asarray(1.0 - dropout_rate,
+                                                 probs.dtype), 0.0)
+  out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+  if mask is not None:
+    sees = jnp.any(mask, axis=-1)[:, 0, :, None, None]  # [batch, q_len, 1, 1]
+    out = jnp.where(sees, out, 0.0)
+  return out
 
 
 def _cudnn_attention(q, k, v, mask, causal):

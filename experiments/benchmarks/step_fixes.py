@@ -60,6 +60,60 @@ def autodiff_layer_norm():
                   lambda x, scale, bias, eps: formula(x, scale, bias, eps)[0])
 
 
+class _FFNKeepingActivation(models.FFNBlock):
+  """`models.FFNBlock` as it was: autodiff keeps the activation's output
+  (the output matmul's input) as well as its input."""
+
+  @nn.compact
+  def __call__(self, x, deterministic):
+    cfg = self.config
+    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
+              param_dtype=cfg.parameter_dtype)
+    y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
+                     name="intermediate", **kw)(x)
+    y = layers.activation(cfg.hidden_act)(y)
+    y = models._constrain(  # pylint: disable=protected-access
+        y, ("batch", "length", "mlp"))
+    y = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
+                     **kw)(y)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.parameter_dtype,
+                         name="layer_norm")(x + y)
+    return models._constrain(  # pylint: disable=protected-access
+        y, ("batch", "length", "embed"))
+
+
+def ffn_keeps_activation():
+  """The FFN's activation output kept for the backward pass (see above)."""
+  return _patched(models, "FFNBlock", _FFNKeepingActivation)
+
+
+def _attention_two_arrays(q, k, v, mask, dropout_rate, dropout_rng,
+                          deterministic):
+  """`attention._xla_attention` as it was: 1/√d on the [B, N, T, T]
+  logits, `jax.nn.softmax` (autodiff keeps exp(x - max) and the output),
+  and queries that see no key zeroed in the probabilities."""
+  depth = q.shape[-1]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                      preferred_element_type=jnp.float32)
+  logits = logits * (1.0 / jnp.sqrt(depth).astype(jnp.float32))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if mask is not None:
+    probs = jnp.where(mask, probs, 0.0)
+  if not deterministic and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
+def attention_two_arrays():
+  """See `_attention_two_arrays`."""
+  return _patched(attention_ops, "_xla_attention", _attention_two_arrays)
+
+
 ################################################################################
 # Candidates.
 ################################################################################
@@ -144,79 +198,6 @@ def fused_qkv():
   return _patched(models, "AttentionBlock", _FusedQKVBlock)
 
 
-class _FFNActRematBlock(models.FFNBlock):
-  """`models.FFNBlock` whose activation is recomputed in the backward pass:
-  the output dense's input and gelu'(x) are not kept, only x."""
-
-  @nn.compact
-  def __call__(self, x, deterministic):
-    cfg = self.config
-    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
-              param_dtype=cfg.parameter_dtype)
-    y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
-                     name="intermediate", **kw)(x)
-    y = models._constrain(  # pylint: disable=protected-access
-        y, ("batch", "length", "mlp"))
-    output = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
-                          **kw)
-    act = layers.activation(cfg.hidden_act)
-    y = nn.checkpoint(lambda module, h: module(act(h)), prevent_cse=False)(
-        output, y)
-    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-                         param_dtype=cfg.parameter_dtype,
-                         name="layer_norm")(x + y)
-    return models._constrain(  # pylint: disable=protected-access
-        y, ("batch", "length", "embed"))
-
-
-def ffn_act_remat():
-  """The FFN's activation recomputed in the backward pass (see above)."""
-  return _patched(models, "FFNBlock", _FFNActRematBlock)
-
-
-@jax.custom_jvp
-def _softmax(logits):
-  """Softmax over the last axis whose derivative keeps only its output
-  (`jax.nn.softmax` keeps exp(x - max) too unless the jax_softmax_custom_jvp
-  flag is set)."""
-  unnormalized = jnp.exp(logits - jnp.max(logits, -1, keepdims=True))
-  return unnormalized / jnp.sum(unnormalized, -1, keepdims=True)
-
-
-@_softmax.defjvp
-def _softmax_jvp(primals, tangents):
-  y = _softmax(primals[0])
-  return y, y * (tangents[0] - jnp.sum(y * tangents[0], -1, keepdims=True))
-
-
-def _attention_rows(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
-  """`attention._xla_attention` with 1/√d applied to q ([B, T, N, D]) rather
-  than to the [B, N, T, T] logits, the rows of queries that see no key
-  zeroed in the [B, T, N, D] output rather than in the probabilities, and
-  a softmax whose derivative keeps only its output: the backward pass keeps
-  one [B, N, T, T] array instead of two."""
-  if not deterministic and dropout_rate > 0.0:
-    raise ValueError("The attn_rows candidate has no attention dropout.")
-  q = q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                      preferred_element_type=jnp.float32)
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  probs = _softmax(logits)
-  out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
-  if mask is not None:
-    # [B, 1, T, T] → [B, T, 1, 1]: does the query see any key?
-    sees = jnp.any(mask, axis=-1)[:, 0, :, None, None]
-    out = jnp.where(sees, out, 0.0)
-  return out
-
-
-def attn_rows():
-  """See `_attention_rows`."""
-  return _patched(attention_ops, "_xla_attention", _attention_rows)
-
-
 def _swapped_matmul_bwd(contract, precision, residuals, g):
   """`layers._cpu_matmul`'s backward, with dW = (gᵀ·x)ᵀ where the kernel is
   taller than wide (K > N): the transposed operand is then [M, N], not
@@ -257,6 +238,11 @@ UNFIXES = {
                  {}, autodiff_gelu),
     "layer_norm_vjp": ("layers.LayerNorm: autodiff's backward, three "
                        "residuals", {}, autodiff_layer_norm),
+    "ffn_act_remat": ("models.FFNBlock: the activation's output kept for "
+                      "the backward pass", {}, ffn_keeps_activation),
+    "attn_rows": ("ops.attention: 1/√d on the logits, jax.nn.softmax, "
+                  "padding queries zeroed in the probabilities", {},
+                  attention_two_arrays),
 }
 FIXES = {
     "remat_dots": ("model.remat='dots': keep matmul outputs, recompute the "
@@ -266,11 +252,6 @@ FIXES = {
                {}, unroll_scan),
     "fused_qkv": ("models.AttentionBlock: Q, K, V as one [H, 3H] matmul",
                   {}, fused_qkv),
-    "attn_rows": ("ops.attention: 1/√d on q; padding queries' rows zeroed "
-                  "in the output, not in the probabilities", {}, attn_rows),
-    "ffn_act_remat": ("models.FFNBlock: the activation recomputed in the "
-                      "backward pass, only its input kept", {},
-                      ffn_act_remat),
     "dw_swap": ("layers.Dense on CPU: dW = (gᵀ·x)ᵀ for kernels taller than "
                 "wide", {}, dw_swap),
 }
