@@ -307,27 +307,27 @@ def test_tiny_model_loss_and_gradients_are_unchanged():
                                err_msg=path)
 
 
-def stacked_residuals(cfg, width) -> int:
-  """How many [layers, B, T, width]-sized arrays the backward pass keeps."""
+def saved_residual_shapes(cfg) -> list[str]:
+  """The shapes ("f32[3,2,8,40]") of what the backward pass keeps."""
   params = jax.eval_shape(init_params(cfg), jax.random.key(0))
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     jax.ad_checkpoint.print_saved_residuals(loss_fn(cfg), params)
   # Lines read "f32[3,2,8,40] output of scan from ...".
-  wanted = f"[{cfg.num_steps},{BATCH},{SEQ},{width}]"
   shapes = [line.split(" ")[0] for line in out.getvalue().splitlines()]
-  return sum(s[s.index("["):] == wanted for s in shapes if "[" in s)
+  return [s for s in shapes if "[" in s]
+
+
+def stacked_residuals(cfg, width) -> int:
+  """How many [layers, B, T, width]-sized arrays the backward pass keeps."""
+  wanted = f"[{cfg.num_steps},{BATCH},{SEQ},{width}]"
+  return sum(s[s.index("["):] == wanted for s in saved_residual_shapes(cfg))
 
 
 def stacked_attention_residuals(cfg) -> list[str]:
   """The [layers, B, heads, T, T]-shaped arrays the backward pass keeps."""
-  params = jax.eval_shape(init_params(cfg), jax.random.key(0))
-  out = io.StringIO()
-  with contextlib.redirect_stdout(out):
-    jax.ad_checkpoint.print_saved_residuals(loss_fn(cfg), params)
   wanted = f"[{cfg.num_steps},{BATCH},{cfg.num_attention_heads},{SEQ},{SEQ}]"
-  shapes = [line.split(" ")[0] for line in out.getvalue().splitlines()]
-  return [s for s in shapes if s.endswith(wanted)]
+  return [s for s in saved_residual_shapes(cfg) if s.endswith(wanted)]
 
 
 @pytest.mark.parametrize("hidden_act, before", [("gelu_new", 6),
