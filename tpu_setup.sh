@@ -27,8 +27,9 @@ Commands (each remote step runs on every worker at once, through
             (jax.distributed.initialize() finds the other workers itself),
             with output in REMOTE_DIR/logs/LOG_NAME.<hostname>.log. Returns
             when the run has ended on all workers, so the lines printed by
-            `python -m albert_jax.sweep ... --print_commands --launcher=tpu`
-            run one after another; with --detach it returns at once.
+            `python -m albert_jax.tools.sweep ... --print_commands
+            --launcher=tpu` run one after another; with --detach it returns
+            at once.
   ssh       Run the shell command ARGS on every worker (tail a log, stop a
             detached run, ...).
   delete    Delete the TPU VM (its disks go with it: keep workdirs in gs://).

@@ -5,11 +5,11 @@ __version__ = "0.1.0"
 # name → module. Loaded on first use: config files and the data tools import
 # this package and should not pay for Flax, safetensors or SentencePiece.
 _LAZY = {
-    "Albert": "albert_jax.models",
-    "ModelConfig": "albert_jax.model_config",
-    "load_pretrained": "albert_jax.pretrained",
-    "Pretrained": "albert_jax.pretrained",
-    "Tokenizer": "albert_jax.tokenizer",
+    "Albert": "albert_jax.model.albert",
+    "ModelConfig": "albert_jax.model.config",
+    "load_pretrained": "albert_jax.interop.pretrained",
+    "Pretrained": "albert_jax.interop.pretrained",
+    "Tokenizer": "albert_jax.text.tokenizer",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

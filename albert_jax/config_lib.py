@@ -13,7 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from albert_jax.model_config import ModelConfig
+from albert_jax.model.config import ModelConfig
 
 # name: (hidden, layers, heads, ffn). All ALBERT releases: vocab 30000, E=128.
 ALBERT_SIZES = {
@@ -212,6 +212,44 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   # On CPU: compile with fewer XLA optimisations (smoke runs, debugging).
   c.fast_compile = False
   return c
+
+
+def electra_config(model, *, generator_fraction: float, **run: Any):
+  """An ELECTRA run's ConfigDict around a model section (the
+  discriminator's): `base_config(model, **run)` with ELECTRA's
+  data, masking, optimizer and `electra` section.
+
+  Masking is token-level, 15%, and each chosen token becomes [MASK] (85%)
+  or stays itself (15%), never a random token. ELECTRA has no sentence-pair
+  task: its data builder packs consecutive sentences of one document, in
+  order and without a label; the nearest instances here are RoBERTa's packed
+  full sentences (`data.objective="none"`), which may also cross documents.
+  """
+  from albert_jax.training import electra  # pylint: disable=g-import-not-at-top
+  c = base_config(model, objective="none", optimizer="adamw", **run)
+  c.pretraining = "electra"
+  c.electra = ml_collections.ConfigDict(dataclasses.asdict(
+      electra.ElectraOptions(generator_fraction=generator_fraction)))
+  c.masking.update(dict(max_ngram=1, whole_word=False, mask_token_prob=0.85,
+                        random_token_prob=0.0))
+  # The discriminator's accuracy is no measure of progress (its task gets
+  # harder as the generator improves); the generator's rises steadily.
+  c.best_metric = "mlm_accuracy"
+  return c
+
+
+def smoke_run(c) -> None:
+  """Shrinks a config's run, in place, to a CPU smoke test of a minute or so:
+  20 steps of 8 × 32 tokens, evaluated and checkpointed at 10 and 20."""
+  c.batch_size = 8
+  c.num_train_steps = 20
+  c.optimizer.warmup_steps = 2
+  c.data.max_seq_length = 32
+  c.data.eval_fraction = 0.2
+  c.masking.max_predictions = 5
+  c.log_every_steps = 5
+  c.eval_every_steps = c.checkpoint_every_steps = 10
+  c.eval_batches = 2
 
 
 def model_overrides(**values: Any) -> ml_collections.ConfigDict:

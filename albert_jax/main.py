@@ -44,6 +44,7 @@ from absl import app
 from absl import flags
 import jax
 from ml_collections import config_flags
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -127,28 +128,28 @@ def main(argv):
                          "--config=configs/demo.py.")
   maybe_initialize_distributed()
   if _COMPILE_ONLY.value:
-    from albert_jax import compile_only  # pylint: disable=g-import-not-at-top
+    from albert_jax.tools import compile_only  # pylint: disable=g-import-not-at-top
     compile_only.report(config, device_memory_gib=_DEVICE_MEMORY.value)
     return
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
   job = config.get("job", "pretrain")
   if job == "pretrain":
-    from albert_jax import train  # pylint: disable=g-import-not-at-top
-    result = train.run(config, _WORKDIR.value)
+    from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
+    result = pretrain.run(config, _WORKDIR.value)
     if config.get("finetune") is not None and "preempted_at" not in result:
       # A pre-training config may end with a fine-tuning stage (the demo).
-      from albert_jax.finetune import train as finetune  # pylint: disable=g-import-not-at-top
+      from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
       result["finetune"] = finetune.run_after_pretraining(config.finetune,
                                                           _WORKDIR.value)
   elif job == "finetune":
-    from albert_jax.finetune import train as finetune  # pylint: disable=g-import-not-at-top
+    from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
     result = finetune.run(config, _WORKDIR.value)
   else:
     raise app.UsageError(f"Unknown config.job {job!r}; a config is either "
                          "'pretrain' or 'finetune'.")
   if jax.process_index() == 0:
-    from albert_jax import metrics  # pylint: disable=g-import-not-at-top
+    from albert_jax.training import metrics  # pylint: disable=g-import-not-at-top
     print(metrics.final_summary(result))
 
 

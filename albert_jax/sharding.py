@@ -17,10 +17,10 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-import numpy as np
-import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
 
 # Logical axis → mesh axes. Parameter names shard weights (FSDP over `embed`,
 # tensor parallelism over heads/mlp/vocab); `act_*` names shard activations.

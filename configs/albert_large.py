@@ -5,8 +5,8 @@ r"""ALBERT-large: 18M parameters, BERT-large's shape with one shared layer.
 Argument (`:k=v` after the file name): `version=1|2` (default 2). v1 has
 dropout 0.1 and exact gelu; v2 no dropout and gelu_new (tanh), as released.
 
-  python -m albert_jax.summary --config=configs/albert_large.py
-  python -m albert_jax.summary --config=configs/albert_large.py:version=1
+  python -m albert_jax.tools.summary --config=configs/albert_large.py
+  python -m albert_jax.tools.summary --config=configs/albert_large.py:version=1
 """
 
 from albert_jax import config_lib

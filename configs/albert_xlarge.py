@@ -5,8 +5,8 @@ r"""ALBERT-xlarge: 59M parameters, twice BERT-large's width.
 Argument (`:k=v` after the file name): `version=1|2` (default 2). v1 has
 dropout 0.1 and exact gelu; v2 no dropout and gelu_new (tanh), as released.
 
-  python -m albert_jax.summary --config=configs/albert_xlarge.py
-  python -m albert_jax.summary --config=configs/albert_xlarge.py:version=1
+  python -m albert_jax.tools.summary --config=configs/albert_xlarge.py
+  python -m albert_jax.tools.summary --config=configs/albert_xlarge.py:version=1
 """
 
 from albert_jax import config_lib

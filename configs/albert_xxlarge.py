@@ -8,8 +8,8 @@ Argument (`:k=v` after the file name): `version=1|2` (default 2). The two
 differ only in activation (v1 exact gelu, v2 gelu_new): the paper found
 dropout hurt xxlarge, so neither release uses it.
 
-  python -m albert_jax.summary --config=configs/albert_xxlarge.py
-  python -m albert_jax.summary --config=configs/albert_xxlarge.py:version=1
+  python -m albert_jax.tools.summary --config=configs/albert_xxlarge.py
+  python -m albert_jax.tools.summary --config=configs/albert_xxlarge.py:version=1
 """
 
 from albert_jax import config_lib

@@ -3,7 +3,7 @@ r"""BERT-large (335M parameters) as ALBERT with nothing shared or factorised.
 24 layers, H=E=1024, 16 heads, FFN 4096, vocab 30522, dropout 0.1, exact
 gelu: the baseline of the ALBERT paper's comparisons. No arguments.
 
-  python -m albert_jax.summary --config=configs/bert_large.py
+  python -m albert_jax.tools.summary --config=configs/bert_large.py
 """
 
 from albert_jax import config_lib

@@ -17,7 +17,6 @@ Arguments: `tiny` (a tiny model, vocab 1000, H=E=48, 2 layers, and a
 """
 
 from albert_jax import config_lib
-from albert_jax import electra
 
 
 def get_config(arg=None):
@@ -33,10 +32,10 @@ def get_config(arg=None):
         num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
         max_position_embeddings=512, share="none",
         embedding_projection=False, **act)
-  c = electra.pretraining_config(
+  c = config_lib.electra_config(
       model, generator_fraction=1 / 3, learning_rate=2e-4, batch_size=256,
       num_train_steps=766_000, warmup_steps=10_000, max_seq_length=512,
       max_predictions=79)
   if args.tiny:
-    electra.smoke_run(c)
+    config_lib.smoke_run(c)
   return c

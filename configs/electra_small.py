@@ -20,7 +20,6 @@ Arguments: `tiny` (a tiny model, vocab 1000, E=32, H=64, 2 layers, and a
 """
 
 from albert_jax import config_lib
-from albert_jax import electra
 
 
 def get_config(arg=None):
@@ -36,10 +35,10 @@ def get_config(arg=None):
         num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024,
         max_position_embeddings=512, share="none", embedding_projection=True,
         **act)
-  c = electra.pretraining_config(
+  c = config_lib.electra_config(
       model, generator_fraction=0.25, learning_rate=5e-4, batch_size=128,
       num_train_steps=1_000_000, warmup_steps=10_000, max_seq_length=128,
       max_predictions=20)
   if args.tiny:
-    electra.smoke_run(c)
+    config_lib.smoke_run(c)
   return c

@@ -24,7 +24,7 @@ same recipe for tests and smoke runs: a 1000-piece BPE trained on the
 bundled corpus, H=64, 2 layers, 4 heads, FFN 128, sequences of 128 (130
 positions), batch 16, 40 steps.
 
-  python -m albert_jax.summary --config=configs/roberta_base.py
+  python -m albert_jax.tools.summary --config=configs/roberta_base.py
   python -m albert_jax.main --config=configs/roberta_base.py:size=tiny \
       --workdir=/tmp/roberta_tiny
 """

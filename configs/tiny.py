@@ -15,9 +15,9 @@ changes the model's structure, so one small file covers every variant:
   act=NAME       hidden_act (default gelu_new).
   dtype=NAME     compute dtype (default float32).
 
-  python -m albert_jax.summary --config=configs/tiny.py
-  python -m albert_jax.summary --config=configs/tiny.py:share=none
-  python -m albert_jax.summary --config=configs/tiny.py:layers=4,groups=2
+  python -m albert_jax.tools.summary --config=configs/tiny.py
+  python -m albert_jax.tools.summary --config=configs/tiny.py:share=none
+  python -m albert_jax.tools.summary --config=configs/tiny.py:layers=4,groups=2
 """
 
 from albert_jax import config_lib

@@ -7,20 +7,20 @@ begun to overfit after 1M steps.
 
 Demo scale (CPU, bundled corpus, minutes a trial):
 
-  python -m albert_jax.sweep experiments/ablate_dropout.py \
+  python -m albert_jax.tools.sweep experiments/ablate_dropout.py \
       --workdir_root=/tmp/ablate_dropout
-  python -m albert_jax.report /tmp/ablate_dropout/*/ --out=/tmp/ablate_dropout
+  python -m albert_jax.tools.report /tmp/ablate_dropout/*/ --out=/tmp/ablate_dropout
 
 Paper scale (ALBERT-xxlarge, as in the paper; give your corpus after `--`):
 
-  python -m albert_jax.sweep experiments/ablate_dropout.py \
+  python -m albert_jax.tools.sweep experiments/ablate_dropout.py \
       --config=configs/albert_xxlarge.py --workdir_root=gs://BUCKET/dropout \
       -- --config.data.corpus=gs://BUCKET/corpus
 
 Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
 """
 
-from albert_jax import sweep
+from albert_jax.tools import sweep
 
 CONFIG = sweep.ABLATION_CONFIG
 

@@ -10,21 +10,21 @@ The widths follow the base config's H (the sweep reads it), so the base
 config alone sets the scale, as in the other ablations:
 
   # Demo scale (CPU, bundled corpus; H=128, E = 16, 32, 64, 128):
-  python -m albert_jax.sweep experiments/ablate_embedding.py \
+  python -m albert_jax.tools.sweep experiments/ablate_embedding.py \
       --workdir_root=/tmp/ablate_embedding
-  python -m albert_jax.report /tmp/ablate_embedding/*/ \
+  python -m albert_jax.tools.report /tmp/ablate_embedding/*/ \
       --out=/tmp/ablate_embedding
 
   # Paper scale (ALBERT-base; H=768, E = 64, 128, 256, 768; your corpus
   # after `--`):
-  python -m albert_jax.sweep experiments/ablate_embedding.py \
+  python -m albert_jax.tools.sweep experiments/ablate_embedding.py \
       --config=configs/albert_base.py --workdir_root=gs://BUCKET/embedding \
       -- --config.data.corpus=gs://BUCKET/corpus
 
 Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
 """
 
-from albert_jax import sweep
+from albert_jax.tools import sweep
 
 CONFIG = sweep.ABLATION_CONFIG
 # The factorised widths E below each base model's hidden width H: the demo's

@@ -10,21 +10,21 @@ its own instances in its workdir. Under "nsp" the eval column
 
 Demo scale (CPU, bundled corpus, minutes a trial):
 
-  python -m albert_jax.sweep experiments/ablate_sentence_objective.py \
+  python -m albert_jax.tools.sweep experiments/ablate_sentence_objective.py \
       --workdir_root=/tmp/ablate_objective
-  python -m albert_jax.report /tmp/ablate_objective/*/ \
+  python -m albert_jax.tools.report /tmp/ablate_objective/*/ \
       --out=/tmp/ablate_objective
 
 Paper scale (ALBERT-base; give your corpus after `--`):
 
-  python -m albert_jax.sweep experiments/ablate_sentence_objective.py \
+  python -m albert_jax.tools.sweep experiments/ablate_sentence_objective.py \
       --config=configs/albert_base.py --workdir_root=gs://BUCKET/objective \
       -- --config.data.corpus=gs://BUCKET/corpus
 
 Arguments: `quick` (30 steps a trial, evaluated every 10: a smoke run).
 """
 
-from albert_jax import sweep
+from albert_jax.tools import sweep
 
 CONFIG = sweep.ABLATION_CONFIG
 

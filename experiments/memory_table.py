@@ -6,7 +6,7 @@ r"""Which ALBERT pre-training settings fit a TPU pod: the README's table.
 For ALBERT base, large and xxlarge at the paper's recipe (batch 4096, seq
 512, 20 predictions, LAMB, SOP), with bfloat16 compute and float32
 parameters, it compiles the sharded train step ahead of time for
-`--devices` fake CPU devices (`albert_jax.compile_only`, as
+`--devices` fake CPU devices (`albert_jax.tools.compile_only`, as
 `python -m albert_jax.main --compile_only --num_fake_devices=N` does) for
 every combination of mesh (pure data parallel, or FSDP), remat policy and
 accumulation steps, and records XLA's per-device memory analysis.
@@ -84,7 +84,8 @@ def config_for(case: dict):
 def worker(cases: list[dict]) -> None:
   """Compiles each case in this process; one JSON line each on stdout."""
   import jax  # pylint: disable=g-import-not-at-top
-  from albert_jax import compile_only  # pylint: disable=g-import-not-at-top
+
+  from albert_jax.tools import compile_only  # pylint: disable=g-import-not-at-top
   count = jax.device_count()
   for case in cases:
     assert case["devices"] == count, (case, count)

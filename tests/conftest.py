@@ -14,14 +14,11 @@ import jax  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-posit
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
+from locations import CORPUS  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 # Where compile time dominates a test: far quicker to compile on CPU, and the
 # programs compute the same values.
-FAST_COMPILE = {"xla_backend_optimization_level": 0,
-                "xla_cpu_use_fusion_emitters": False,
-                "xla_llvm_disable_expensive_passes": True}
+from albert_jax.training.loop import FAST_COMPILE_OPTIONS as FAST_COMPILE  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
 TINY_VOCAB = 300  # pieces of the `tiny_spm` model
 
 
@@ -35,12 +32,12 @@ def fast_compile() -> dict:
 def tiny_spm(tmp_path_factory) -> str:
   """A 300-piece SentencePiece model of the bundled corpus's first 400
   lines (about a second to train; once per test process): its path."""
-  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.text import train as text_train  # pylint: disable=g-import-not-at-top
   d = tmp_path_factory.mktemp("tiny_spm")
   with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
     (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
                                   encoding="utf-8")
-  Tokenizer.train(str(d / "corpus.txt"), TINY_VOCAB,
+  text_train.train(str(d / "corpus.txt"), TINY_VOCAB,
                   output=d / "spiece.model", seed=1, num_threads=1)
   return str(d / "spiece.model")
 
@@ -48,7 +45,7 @@ def tiny_spm(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_spm):
   """`tiny_spm` loaded as an albert_jax Tokenizer."""
-  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   return Tokenizer.from_file(tiny_spm)
 
 

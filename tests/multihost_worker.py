@@ -10,9 +10,10 @@ single-process run with 8 devices as the reference:
 Each process builds the mesh over all 8 devices, creates the sharded train
 state, trains NUM_STEPS steps on global batches to which it contributes its
 own rows (`jax.make_array_from_process_local_data`), saves an asynchronous
-orbax checkpoint through `albert_jax.checkpoints`, restores it, checks every
-local shard of the restored state against the live one, and takes one more
-step from the restored state. It writes its losses and checks as JSON.
+orbax checkpoint through `albert_jax.training.checkpoints`, restores it,
+checks every local shard of the restored state against the live one, and
+takes one more step from the restored state. It writes its losses and checks
+as JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import os
 import time
 
 import numpy as np
-
 import sharding_worker as common
 
 MESH = [("data", 2), ("fsdp", 2), ("tensor", 2)]
@@ -33,6 +33,7 @@ NUM_STEPS = 3
 def _global_batch(data_sharding, step: int):
   """Global step `step`'s batch, this process contributing its rows."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from albert_jax import sharding  # pylint: disable=g-import-not-at-top
   full = common.batch(step)
   rows = sharding.process_batch_rows(data_sharding, common.BATCH_SIZE)
@@ -87,24 +88,27 @@ def run(args) -> dict:
         initialization_timeout=args.timeout)
 
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from albert_jax import checkpoints  # pylint: disable=g-import-not-at-top
+
   from albert_jax import sharding  # pylint: disable=g-import-not-at-top
-  from albert_jax import train_step  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
 
   out = {"process_index": jax.process_index(),
          "process_count": jax.process_count(),
          "device_count": jax.device_count(),
          "local_device_count": jax.local_device_count()}
   c = common.config()
-  model, tx, schedule = common.model_and_optimizer(c)
+  spec, tx, schedule = common.spec_and_optimizer(c)
+  init = common.init_fn(spec, tx)
   mesh = sharding.make_mesh(MESH)
   rules = sharding.rules_for(mesh, [tuple(r) for r in c.sharding_rules])
   out["mesh"] = dict(mesh.shape)
   rng = jax.random.key(c.seed)
-  state, shardings = train_step.create_state(
-      model, tx, mesh, rules, rng, common.SEQ_LEN, common.NUM_PREDICTIONS)
-  step = train_step.jit_train_step(
-      train_step.make_train_step(model, tx, schedule), shardings, mesh, rules)
+  state, shardings = state_lib.create_state(init, tx, mesh, rules, rng)
+  step = step_lib.jit_train_step(
+      step_lib.make_train_step(spec.objective, tx, schedule), shardings, mesh,
+      rules)
   data = sharding.data_sharding(mesh)
 
   losses = []
@@ -126,7 +130,6 @@ def run(args) -> dict:
   # Restore through a new manager, as a restarted run would.
   mngr = checkpoints.manager(args.workdir, keep=2, async_save=True)
   out["steps_on_disk"] = list(mngr.all_steps())
-  init = train_step.init_fn(model, tx, common.SEQ_LEN, common.NUM_PREDICTIONS)
   abstract = jax.eval_shape(init, rng)
   abstract = {**abstract, "params": nn.meta.unbox(abstract["params"])}
   restored = checkpoints.restore_latest(mngr, abstract, shardings)

@@ -19,6 +19,7 @@ import pickle
 import sys
 from typing import Any
 
+from locations import REPO
 import numpy as np
 
 NUM_DEVICES = 8
@@ -68,13 +69,20 @@ def config(num_train_steps: int = 10):
   return c
 
 
-def model_and_optimizer(c):
-  from albert_jax import models  # pylint: disable=g-import-not-at-top
-  from albert_jax import optim  # pylint: disable=g-import-not-at-top
-  from albert_jax import model_config  # pylint: disable=g-import-not-at-top
-  model = models.Albert(model_config.ModelConfig.from_dict(c.model))
+def spec_and_optimizer(c):
+  """(RunSpec, tx, schedule): the run `c` describes (an ALBERT with the MLM
+  and SOP heads) and its optimizer."""
+  from albert_jax.training import optimizer as optim  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import run_spec  # pylint: disable=g-import-not-at-top
+  spec = run_spec.run_spec(c)
   tx, schedule = optim.make(c)
-  return model, tx, schedule
+  return spec, tx, schedule
+
+
+def init_fn(spec, tx):
+  """rng → a fresh train state with boxed parameters."""
+  from albert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  return state_lib.state_init_fn(spec.init_params, tx)
 
 
 def batch(step: int, batch_size: int = BATCH_SIZE) -> dict[str, np.ndarray]:
@@ -132,14 +140,18 @@ def loss_and_grad_fn(model):
   """params, batch → (loss, grads): the train step's objective, no dropout."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from albert_jax import objectives  # pylint: disable=g-import-not-at-top
+
+  from albert_jax.training import objectives  # pylint: disable=g-import-not-at-top
 
   def loss_fn(params, b):
     out = model.apply({"params": params}, b["input_ids"], b["token_type_ids"],
                       b["attention_mask"],
                       masked_positions=b["masked_positions"],
                       deterministic=True)
-    sums = objectives.pretraining_sums(out, b)
+    sums = objectives.mlm_sums(out["mlm_logits"], b["masked_ids"],
+                               b["masked_weights"])
+    sums.update(objectives.sentence_sums(out["sop_logits"],
+                                         b["sentence_labels"]))
     mlm_den = jnp.sum(b["masked_weights"]) + objectives.MLM_EPS
     sop_den = jnp.maximum(jnp.sum(
         (b["sentence_labels"] >= 0).astype(jnp.float32)), 1.0)
@@ -163,16 +175,19 @@ def _run_mesh(name: str) -> dict[str, Any]:
   """Creates the state on one mesh, takes loss/grads, trains NUM_STEPS."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+
   from albert_jax import sharding  # pylint: disable=g-import-not-at-top
-  from albert_jax import train_step  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
 
   axes, count = MESHES[name]
   c = config()
-  model, tx, schedule = model_and_optimizer(c)
+  spec, tx, schedule = spec_and_optimizer(c)
+  model = spec.model
   mesh = sharding.make_mesh(axes, jax.devices()[:count])
   rules = sharding.rules_for(mesh, [tuple(r) for r in c.sharding_rules])
-  state, shardings = train_step.create_state(
-      model, tx, mesh, rules, jax.random.key(c.seed), SEQ_LEN, NUM_PREDICTIONS)
+  state, shardings = state_lib.create_state(
+      init_fn(spec, tx), tx, mesh, rules, jax.random.key(c.seed))
   result = {"mesh": dict(mesh.shape), "rules": rules,
             "initial": describe(state),
             "shardings_match": jax.tree.all(jax.tree.map(
@@ -193,8 +208,9 @@ def _run_mesh(name: str) -> dict[str, Any]:
   result["grads"] = jax.tree.map(np.asarray, grads)
   result["grads_sharding"] = describe(grads)
 
-  step = train_step.jit_train_step(
-      train_step.make_train_step(model, tx, schedule), shardings, mesh, rules)
+  step = step_lib.jit_train_step(
+      step_lib.make_train_step(spec.objective, tx, schedule), shardings,
+      mesh, rules)
   initial = jax.tree.map(np.asarray, state["params"])
   losses = []
   for b in placed:
@@ -239,9 +255,8 @@ def subprocess_env(num_devices: int) -> dict[str, str]:
       flags + list(FAST_COMPILE_FLAGS)
       + [f"--xla_force_host_platform_device_count={num_devices}"])
   env["JAX_PLATFORMS"] = "cpu"
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (root, env.get("PYTHONPATH")) if p)
+      p for p in (str(REPO), env.get("PYTHONPATH")) if p)
   return env
 
 

@@ -6,15 +6,14 @@ and the data section name a known objective; nothing is trained.
 """
 
 import copy
-import pathlib
 
+from locations import REPO
 import pytest
 
-from albert_jax import sweep
 from albert_jax.data import instances
-from albert_jax.model_config import ModelConfig
+from albert_jax.model.config import ModelConfig
+from albert_jax.tools import sweep
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 DEMO = "configs/demo.py:steps=400,finetune_steps=0"
 QUICK = {"num_train_steps": 30, "optimizer.warmup_steps": 3,
          "eval_every_steps": 10}

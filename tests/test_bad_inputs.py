@@ -1,7 +1,7 @@
 """A catalogue of bad inputs: each fails clearly, and nothing is lost.
 
 Every test feeds one kind of bad input to the code path a user would hit
-(the CLI, `train.run`, the trainer's data setup, the checkpoint manager)
+(the CLI, `pretrain.run`, the trainer's data setup, the checkpoint manager)
 and checks that the error says what is wrong and how to fix it, and that
 what was there before (a workdir's checkpoint and config, the input files)
 is untouched. Where the code skips bad input instead of failing, the test
@@ -22,28 +22,30 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from locations import CONFIGS
+from locations import CORPUS
+from locations import REPO
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+# The trainer's real state structure, filled with random values.
+from training.test_checkpoints import abstract_state  # pylint: disable=g-bad-import-order
+from training.test_checkpoints import random_state
+from training.test_checkpoints import tiny_config
 
-from albert_jax import checkpoints
-from albert_jax import train
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.data import prepare as prep
-from albert_jax.pretrained import CheckpointError
-from albert_jax.pretrained import load_pretrained
-from albert_jax.tokenizer import Tokenizer
-# The trainer's real state structure, filled with random values.
-from test_checkpoints import abstract_state  # pylint: disable=g-bad-import-order
-from test_checkpoints import random_state
-from test_checkpoints import tiny_config
+from albert_jax.interop import CheckpointError
+from albert_jax.interop.pretrained import load_pretrained
+from albert_jax.text import run_tokenizer
+from albert_jax.text import train as text_train
+from albert_jax.text.tokenizer import Tokenizer
+from albert_jax.training import checkpoints
+from albert_jax.training import pretrain
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO, "albert_jax", "data", "bundled", "corpus",
-                      "sotu.txt.gz")
 VOCAB, SEQ = 300, 32
 
 
@@ -68,8 +70,8 @@ def lines():
 def tokenizer(lines, tmp_path_factory):
   d = tmp_path_factory.mktemp("spm")
   (d / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-  return Tokenizer.train(str(d / "corpus.txt"), VOCAB,
-                         output=d / "spiece.model", seed=1, num_threads=2)
+  return text_train.train(str(d / "corpus.txt"), VOCAB,
+                          output=d / "spiece.model", seed=1, num_threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def data_dir(lines, tokenizer, tmp_path_factory):
 
 
 def run_config(tokenizer, data_dir, **model):
-  """configs/tiny.py sized to the prepared data, as `train.run` takes it."""
+  """configs/tiny.py sized to the prepared data, as `pretrain.run` takes it."""
   config = tiny_config(**model)
   config.data.tokenizer = tokenizer.path
   config.data.data_dir = data_dir
@@ -105,7 +107,8 @@ def workdir(tmp_path):
 
 
 def data_config(corpus, vocab_size=VOCAB, tokenizer_path="", **data):
-  """The trainer's config, as far as `pipeline.ensure_*` reads it."""
+  """The trainer's config, as far as `run_tokenizer.ensure` and
+  `pipeline.ensure_dataset` read it."""
   config = ml_collections.ConfigDict(dict(
       seed=0, model=dict(vocab_size=vocab_size),
       data=dict(corpus=str(corpus), format="sentences",
@@ -180,7 +183,7 @@ def test_config_override_errors_print_no_traceback(cli_once, override):
 
 
 def test_config_file_argument_of_wrong_type():
-  sys.path.insert(0, os.path.join(REPO, "configs"))
+  sys.path.insert(0, str(CONFIGS))
   try:
     import tiny  # pylint: disable=import-outside-toplevel
   finally:
@@ -216,7 +219,7 @@ def test_mesh_not_matching_device_count(tokenizer, data_dir, workdir):
   with pytest.raises(ValueError, match=(
       r"Mesh \{'data': 2, 'fsdp': 2\} has 4 devices but 1 are available; "
       r"set one axis to -1 or fix the sizes in config\.mesh")):
-    train.run(config, str(workdir))
+    pretrain.run(config, str(workdir))
   assert snapshot(workdir) == before
 
 
@@ -248,7 +251,7 @@ def test_empty_corpus(tokenizer, tmp_path):
   with pytest.raises(ValueError, match=(
       r"Cannot train a tokenizer on config\.data\.corpus=.*empty\.txt.*No "
       r"usable sentences.*Point config\.data\.corpus at UTF-8 text")):
-    pipeline.ensure_tokenizer(data_config(empty), str(tmp_path / "run"))
+    run_tokenizer.ensure(data_config(empty), str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run" / "spm" / "spiece.model")
   assert not list((tmp_path / "run" / "spm").glob("*.partial.*"))
   # ... or preparing it with a tokenizer given.
@@ -261,8 +264,8 @@ def test_empty_corpus(tokenizer, tmp_path):
   # A corpus that matches no file at all.
   with pytest.raises(FileNotFoundError, match=(
       r"config\.data\.corpus=.*nothing-\*\.txt.*No files match")):
-    pipeline.ensure_tokenizer(data_config(tmp_path / "nothing-*.txt"),
-                              str(tmp_path / "run"))
+    run_tokenizer.ensure(data_config(tmp_path / "nothing-*.txt"),
+                         str(tmp_path / "run"))
   assert empty.read_text(encoding="utf-8") == "\n \n\n"
 
 
@@ -291,10 +294,12 @@ def test_non_utf8_lines_are_skipped_and_counted(lines, tmp_path, caplog):
   corpus.write_bytes(b"Caf\xe9 au lait is French.\n" + good.encode()
                      + b"\nLatin-1 \xff\xfe here.\nAnd more.\n")
   config = data_config(corpus)
-  # The tokenizer is trained on the rest, with a warning that counts.
-  with pytest.warns(UserWarning, match=r"Skipped 2 of \d+ lines that were "
-                    r"not valid UTF-8"):
-    tok = pipeline.ensure_tokenizer(config, str(tmp_path / "run"))
+  # The tokenizer is trained on the rest, with a summary that counts.
+  with caplog.at_level(logging.WARNING):
+    tok = run_tokenizer.ensure(config, str(tmp_path / "run"))
+  assert ("Skipped 2 line(s) that are not UTF-8, 0 line(s) over "
+          f"{documents_lib.MAX_LINE_BYTES} bytes") in caplog.text
+  caplog.clear()
   with caplog.at_level(logging.WARNING):
     pipeline.ensure_dataset(config, str(tmp_path / "run"), tok)
   text = caplog.text
@@ -317,8 +322,11 @@ def test_megabyte_lines(lines, tmp_path, caplog):
                     + "\nThe end.\n\nAnother.\n" + too_long + "\nLast.\n",
                     encoding="utf-8")
   config = data_config(corpus)
-  with pytest.warns(UserWarning, match="Skipped 1 of .* exceeded"):
-    tok = pipeline.ensure_tokenizer(config, str(tmp_path / "run"))
+  with caplog.at_level(logging.WARNING):
+    tok = run_tokenizer.ensure(config, str(tmp_path / "run"))
+  assert ("Skipped 0 line(s) that are not UTF-8, 1 line(s) over "
+          f"{documents_lib.MAX_LINE_BYTES} bytes") in caplog.text
+  caplog.clear()
   with caplog.at_level(logging.WARNING):
     data = pipeline.ensure_dataset(config, str(tmp_path / "run"), tok)
   assert "line longer than" in caplog.text
@@ -348,7 +356,7 @@ def test_missing_tokenizer_file(tmp_path):
       r"config\.data\.tokenizer '.*nope/spiece\.model' does not exist; give "
       r"the path of a SentencePiece \.model .*or leave config\.data\."
       r"tokenizer empty to train one in the workdir")):
-    pipeline.ensure_tokenizer(config, str(tmp_path / "run"))
+    run_tokenizer.ensure(config, str(tmp_path / "run"))
 
 
 def test_tokenizer_from_file_missing_is_file_not_found(tmp_path):
@@ -368,15 +376,15 @@ def test_corrupt_tokenizer_file(tokenizer, tmp_path, damage):
       r"config\.data\.tokenizer '.*spiece\.model' cannot be read as a "
       r"tokenizer \(.*\); it is damaged or not a SentencePiece \.model.*"
       r"Give the path of a SentencePiece \.model")):
-    pipeline.ensure_tokenizer(config, str(tmp_path / "run"))
+    run_tokenizer.ensure(config, str(tmp_path / "run"))
   # The workdir's own tokenizer, damaged: the message says how to recover.
   (tmp_path / "run" / "spm").mkdir(parents=True)
   (tmp_path / "run" / "spm" / "spiece.model").write_bytes(path.read_bytes())
   with pytest.raises(ValueError, match=(
       r"The workdir's tokenizer .* cannot be read.*Delete it \(and the "
       r"workdir's data/\) to train a new one")):
-    pipeline.ensure_tokenizer(data_config(tmp_path / "corpus.txt"),
-                              str(tmp_path / "run"))
+    run_tokenizer.ensure(data_config(tmp_path / "corpus.txt"),
+                         str(tmp_path / "run"))
 
 
 def test_wordpiece_vocab_with_a_repeated_line(tmp_path):
@@ -395,7 +403,7 @@ def test_wordpiece_vocab_with_a_repeated_line(tmp_path):
 def test_checkpoint_of_another_model_shape(tokenizer, data_dir, workdir):
   before = snapshot(workdir)
   with pytest.raises(checkpoints.CheckpointShapeError) as error:
-    train.run(run_config(tokenizer, data_dir, hidden_size=48), str(workdir))
+    pretrain.run(run_config(tokenizer, data_dir, hidden_size=48), str(workdir))
   message = str(error.value)
   assert "Checkpoint step 4" in message and "another shape" in message
   assert ("params/pooler/bias: checkpoint (64,), model (48,)" in message), (
@@ -425,7 +433,7 @@ def test_unwritable_workdir(tokenizer, data_dir, tmp_path):
   with pytest.raises(PermissionError, match=(
       r"Cannot write to workdir .*file/run.*choose a directory you can "
       r"write, e\.g\. --workdir=")):
-    train.run(run_config(tokenizer, data_dir), str(blocker / "run"))
+    pretrain.run(run_config(tokenizer, data_dir), str(blocker / "run"))
   assert blocker.read_text(encoding="utf-8") == "not a directory"
   # A file where the checkpoints directory belongs.
   (tmp_path / "w").mkdir()

@@ -15,19 +15,20 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from locations import EXPERIMENTS
+from locations import REPO
 import numpy as np
 import pytest
 
-from albert_jax import hf
-from albert_jax import layers
-from albert_jax import models
-from albert_jax import train_step as step_lib
-from albert_jax.compile_only import FAST_COMPILE_OPTIONS as FAST
-from albert_jax.model_config import ModelConfig
+from albert_jax.data.loader import BATCH_KEYS
+from albert_jax.interop import hf
+from albert_jax.model import albert as albert_lib
+from albert_jax.model import layers
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import objectives
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "experiments", "benchmarks")
-sys.path.insert(0, BENCH)
+BENCH = EXPERIMENTS / "benchmarks"
+sys.path.insert(0, str(BENCH))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import step_fixes  # noqa: E402
 import step_impls  # noqa: E402
@@ -64,7 +65,7 @@ def test_hf_model_has_the_same_parameters(share):
   model = transformers.AlbertForPreTraining(step_impls.hf_albert_config(cfg))
   hf_count = sum(p.numel() for p in model.parameters())
   ids = jnp.zeros((1, 8), jnp.int32)
-  params = jax.eval_shape(lambda: models.Albert(cfg).init(
+  params = jax.eval_shape(lambda: albert_lib.Albert(cfg).init(
       jax.random.key(0), ids, masked_positions=jnp.zeros((1, 2), jnp.int32)))
   ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   assert hf_count == ours
@@ -81,8 +82,8 @@ def test_hf_and_albert_jax_compute_the_same_loss_on_the_batch():
     hf_loss = float(model(**step_impls.hf_inputs(batch, "cpu")).loss)
   state = {k: v.numpy() for k, v in model.state_dict().items()}
   params, _ = hf.params_from_hf(state, cfg)
-  objective = step_lib.PretrainingObjective(models.Albert(cfg))
-  jbatch = {k: jnp.asarray(batch[k]) for k in step_lib.BATCH_KEYS}
+  objective = objectives.MaskedLMObjective(albert_lib.Albert(cfg))
+  jbatch = {k: jnp.asarray(batch[k]) for k in BATCH_KEYS}
   sums = jax.jit(lambda p, b: objective.sums(p, b, None, True))(params,
                                                                jbatch)
   dens = objective.denominators(jbatch)
@@ -127,28 +128,28 @@ def test_unfixes_switch_the_library_changes_off():
 
 @pytest.mark.parametrize("spec", ["+fused_qkv", "+dw_swap", "-attn_rows",
                                   "-ffn_act_remat"])
-def test_variants_compute_the_same_loss_and_gradients(spec):
+def test_variants_compute_the_same_loss_and_gradients(spec, fast_compile):
   """A candidate, or a library change switched off, is timed on the
   library's parameters: same tree, same loss and gradients (to float32
   rounding), padding included."""
   cfg = tiny(seq=16)
   batch = step_impls.make_batch(cfg, batch=2, seq=16, predictions=3)
   batch["attention_mask"][1, -4:] = 0  # padding queries and keys
-  model = models.Albert(cfg)
-  objective = step_lib.PretrainingObjective(model)
-  jbatch = {k: jnp.asarray(batch[k]) for k in step_lib.BATCH_KEYS}
+  model = albert_lib.Albert(cfg)
+  objective = objectives.MaskedLMObjective(model)
+  jbatch = {k: jnp.asarray(batch[k]) for k in BATCH_KEYS}
   init = lambda: model.init(  # noqa: E731
       jax.random.key(0), jbatch["input_ids"],
       masked_positions=jbatch["masked_positions"])["params"]
-  params = jax.jit(init, compiler_options=FAST)()
+  params = jax.jit(init, compiler_options=fast_compile)()
   loss = jax.value_and_grad(
       lambda p: objective.sums(p, jbatch, None, True)["mlm_loss_sum"])
-  want, want_grads = jax.jit(loss, compiler_options=FAST)(params)
+  want, want_grads = jax.jit(loss, compiler_options=fast_compile)(params)
   [(_, patch)] = step_fixes.changes(spec)
   with patch():
     assert jax.tree.structure(jax.eval_shape(init)) == jax.tree.structure(
         params)
-    got, grads = jax.jit(loss, compiler_options=FAST)(params)
+    got, grads = jax.jit(loss, compiler_options=fast_compile)(params)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   # Gradients that are zero in exact arithmetic (the key bias's) are
   # rounding noise: compare on the scale of the largest.
@@ -189,8 +190,8 @@ def run_script(name, *flags, tmp_path):
   out = tmp_path / "out.json"
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(
-      [sys.executable, os.path.join(BENCH, name), *flags, "--json", str(out)],
-      capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+      [sys.executable, str(BENCH / name), *flags, "--json", str(out)],
+      capture_output=True, text=True, env=env, cwd=REPO, timeout=600,
       check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(out, encoding="utf-8") as f:
@@ -240,7 +241,7 @@ def test_compile_time_script_prints_every_row(tmp_path):
   assert two["vs_fewest"] == two["step_total_s"] / one["step_total_s"]
   # Unshared layers store one parameter set per layer.
   cfg = tiny("none")
-  params = jax.eval_shape(lambda: models.Albert(cfg).init(
+  params = jax.eval_shape(lambda: albert_lib.Albert(cfg).init(
       jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]["encoder"]
   stacks = jax.tree.leaves([params["attention"], params["ffn"]])
   per_layer = sum(int(np.prod(x.shape)) for x in stacks) // cfg.num_steps

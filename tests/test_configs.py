@@ -3,20 +3,19 @@ published models (parameter counts checked to the last scalar)."""
 
 import importlib.util
 import math
-import pathlib
 
 from absl import flags
 import jax
 import jax.numpy as jnp
+from locations import CONFIGS as CONFIG_DIR
 from ml_collections import config_flags
 import numpy as np
 import pytest
 
 from albert_jax import Albert
 from albert_jax import ModelConfig
-from albert_jax import pretraining
+from albert_jax.training import run_spec
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
 # Fine-tuning configs: their model section holds overrides of the
 # pre-trained checkpoint's config (None = keep the checkpoint's value).
@@ -167,13 +166,13 @@ def test_arg_string_through_config_flags(name, arg):
   cfg = ModelConfig.from_dict(config.model)
   # What the trainer builds from it: objective, model and FLOPs, validated
   # (no tracing or compiling).
-  setup = pretraining.setup(config)
-  assert pretraining.kind(config) == KINDS[name]
-  assert setup.model_config == cfg
-  assert setup.flops_per_step > 0
-  assert setup.masked == (KINDS[name] != "causal_lm")
+  run = run_spec.run_spec(config)
+  assert run_spec.kind(config) == run.kind == KINDS[name]
+  assert run.model_config == cfg
+  assert run.flops_per_step > 0
+  assert run.masked == (KINDS[name] != "causal_lm")
   batch, seq = config.batch_size, config.data.max_seq_length
-  assert setup.batch_shapes["input_ids"] == ((batch, seq), jnp.int32)
+  assert run.batch_schema["input_ids"] == ((batch, seq), jnp.int32)
 
 
 @pytest.mark.parametrize("size", ALBERT_SIZES)

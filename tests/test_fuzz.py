@@ -22,20 +22,18 @@ Hypothesis draws the input; every property is exact:
 
 import gzip
 import itertools
-import os
 
 import hypothesis
 from hypothesis import strategies as st
+from locations import CORPUS
 import numpy as np
 import pytest
 
 from albert_jax.data import instances as inst_lib
-from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
-from albert_jax.tokenizer import Tokenizer
+from albert_jax.text import train as text_train
+from albert_jax.text.tokenizer import Tokenizer
 
-CORPUS = os.path.join(os.path.dirname(loader_lib.__file__), "bundled",
-                      "corpus", "sotu.txt.gz")
 FUZZ = hypothesis.settings(max_examples=60, deadline=None)
 
 
@@ -45,8 +43,8 @@ def sentencepiece(tmp_path_factory):
   with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
     (d / "corpus.txt").write_text("".join(itertools.islice(f, 300)),
                                   encoding="utf-8")
-  return Tokenizer.train(str(d / "corpus.txt"), 300,
-                         output=d / "spiece.model", seed=1, num_threads=1)
+  return text_train.train(str(d / "corpus.txt"), 300,
+                          output=d / "spiece.model", seed=1, num_threads=1)
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,15 @@ import os
 import subprocess
 import sys
 
+from locations import CORPUS
+from locations import REPO
 import pytest
-
-import albert_jax
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(os.path.dirname(albert_jax.__file__), "data", "bundled",
-                      "corpus")
 
 
 def _cli(*args, timeout=600):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   return subprocess.run(
-      [sys.executable, "-m", "albert_jax.main", *args], cwd=ROOT, env=env,
+      [sys.executable, "-m", "albert_jax.main", *args], cwd=REPO, env=env,
       capture_output=True, text=True, timeout=timeout)
 
 
@@ -27,7 +23,7 @@ def _cli(*args, timeout=600):
 def small_corpus(tmp_path_factory):
   """~60 documents in the official format, gzipped."""
   out = tmp_path_factory.mktemp("corpus") / "moby.txt.gz"
-  with gzip.open(os.path.join(CORPUS, "moby_dick.txt.gz"), "rt",
+  with gzip.open(CORPUS.parent / "moby_dick.txt.gz", "rt",
                  encoding="utf-8") as f, gzip.open(out, "wt",
                                                    encoding="utf-8") as g:
     docs = 0

@@ -21,9 +21,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import multihost_worker
+import pytest
 import sharding_worker
 
 DEADLINE_S = 420

@@ -7,14 +7,14 @@ checked against transformers and the run's own metrics file.
 """
 
 import json
-import os
 import re
 
+from locations import EXPERIMENTS
 import numpy as np
 import pytest
 
 import albert_jax
-from albert_jax.tokenizer import Tokenizer
+from albert_jax.text.tokenizer import Tokenizer
 
 nbclient = pytest.importorskip(
     "nbclient", reason="nbclient is not installed; install nbclient, nbformat "
@@ -26,8 +26,7 @@ torch = pytest.importorskip("torch")
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOK = os.path.join(REPO, "experiments", "colab_quickstart.ipynb")
+NOTEBOOK = EXPERIMENTS / "colab_quickstart.ipynb"
 HIDDEN = 32
 CELL_TIMEOUT_S = 300  # One core shared with other work; the whole run ~30 s.
 

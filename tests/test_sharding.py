@@ -23,11 +23,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+import sharding_worker as worker
 
 from albert_jax import sharding
-from albert_jax import train_step
-
-import sharding_worker as worker
+from albert_jax.data.loader import BATCH_KEYS
 
 DATA_AXES = ("data", "fsdp")
 SHARDED_MESHES = ("data", "fsdp", "tensor")
@@ -61,9 +60,8 @@ def logical():
   """keystr(path) → logical names, for the state's parameters; and the
   abstract (unboxed) state, computed in this process."""
   c = worker.config()
-  model, tx, _ = worker.model_and_optimizer(c)
-  init = train_step.init_fn(model, tx, worker.SEQ_LEN, worker.NUM_PREDICTIONS)
-  boxed = jax.eval_shape(init, jax.random.key(0))
+  spec, tx, _ = worker.spec_and_optimizer(c)
+  boxed = jax.eval_shape(worker.init_fn(spec, tx), jax.random.key(0))
   is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
   flat = jax.tree_util.tree_flatten_with_path(boxed["params"],
                                               is_leaf=is_box)[0]
@@ -283,7 +281,7 @@ def test_batch_is_sharded_over_the_data_axes(results, mesh_name):
   size = int(np.prod([r["mesh"][a] for a in data_axes]))
   assert r["data_parallel_size"] == size
   assert size == {"single": 1, "data": 8, "fsdp": 8, "tensor": 2}[mesh_name]
-  assert set(r["batch"]) == {f"['{k}']" for k in train_step.BATCH_KEYS}
+  assert set(r["batch"]) == {f"['{k}']" for k in BATCH_KEYS}
   for key, got in r["batch"].items():
     assert got["spec"] == [data_axes] + [()] * (len(got["shape"]) - 1), key
     assert got["shard_shape"] == (

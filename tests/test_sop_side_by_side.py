@@ -12,14 +12,14 @@ treatment of any parameter) makes the two trainings part within a few steps.
 import os
 import sys
 
+from locations import EXPERIMENTS
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "experiments", "benchmarks"))
+sys.path.insert(0, str(EXPERIMENTS / "benchmarks"))
 import sop_side_by_side as sbs  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -36,9 +36,9 @@ def workdir(tmp_path_factory):
 def test_same_training_as_hf_with_the_official_optimizer(
     workdir, fast_compile, optimizer, lr):
   torch.set_num_threads(1)
-  c = sbs.config(os.path.join(workdir, "corpus.txt"), steps=12, optimizer=optimizer, learning_rate=lr,
-                 batch_size=16, seq_len=32, hidden=32, layers=2,
-                 vocab_size=120)
+  c = sbs.config(os.path.join(workdir, "corpus.txt"), steps=12,
+                 optimizer=optimizer, learning_rate=lr, batch_size=16,
+                 seq_len=32, hidden=32, layers=2, vocab_size=120)
   run = sbs.SideBySide(c, workdir, compiler_options=fast_compile)
   losses = np.array([run.step(s) for s in range(12)])
   # Float32 in both, summed in different orders: agreement to ~1e-6

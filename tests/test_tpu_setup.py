@@ -13,9 +13,9 @@ import shutil
 import subprocess
 import sys
 
+from locations import REPO
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tpu_setup.sh"
 LIBTPU = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 _OURS = ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR", "RUNTIME_VERSION",

@@ -24,8 +24,8 @@ import json
 import logging
 import os
 import re
-import zlib
 from typing import IO, Iterator, Sequence
+import zlib
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ class ReadStats:
     self.documents += 1
     self.sentences += len(sentences)
     return sentences
+
+
+BUNDLED_DIR = os.path.join(os.path.dirname(__file__), "bundled", "corpus")
+
+
+def corpus_pattern(corpus: str) -> str:
+  """"bundled" → the shipped corpus; anything else is a glob or TFDS spec."""
+  if corpus == "bundled":
+    return os.path.join(BUNDLED_DIR, "*.txt.gz")
+  return corpus
 
 
 def expand_paths(patterns: str | Sequence[str]) -> list[str]:

@@ -27,6 +27,28 @@ from albert_jax.data import masking
 from albert_jax.data.prepare import FORMAT
 
 METADATA = "dataset.json"
+# What every batch the loader yields holds, in this order (`batch_schema`).
+BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask",
+              "masked_positions", "masked_ids", "masked_weights",
+              "sentence_labels")
+
+
+def batch_schema(batch_size: int, seq_len: int, num_predictions: int
+                 ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """A batch of `batch_size` rows: key → (shape, dtype).
+
+  input_ids, token_type_ids, attention_mask [B, T] int32;
+  masked_positions, masked_ids [B, P] int32; masked_weights [B, P] float32
+  (P = 0 for unmasked batches); sentence_labels [B] int32 (-1 where the
+  objective has none).
+  """
+  b, t, p = batch_size, seq_len, num_predictions
+  shapes = {"input_ids": (b, t), "token_type_ids": (b, t),
+            "attention_mask": (b, t), "masked_positions": (b, p),
+            "masked_ids": (b, p), "masked_weights": (b, p),
+            "sentence_labels": (b,)}
+  return {k: (shapes[k], np.dtype(np.float32 if k == "masked_weights"
+                                  else np.int32)) for k in BATCH_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +78,7 @@ class Vocabulary:
       if i is None:
         raise ValueError(
             "Masked-LM data needs [CLS], [SEP], [MASK] and padding ids; this "
-            "tokenizer lacks one. Train one with Tokenizer.train, which adds "
+            "tokenizer lacks one. Train one with albert_jax.text.train, which adds "
             "them.")
       special[i] = True
     return cls(word_start=np.asarray(tokenizer.is_word_start(
@@ -197,10 +219,8 @@ class Loader:
   def local_batch(self, step: int) -> dict[str, np.ndarray]:
     """This host's rows of global step `step` as NumPy arrays.
 
-    Returns dict: input_ids, token_type_ids, attention_mask [b, T] int32;
-    masked_positions, masked_ids [b, P] int32, masked_weights [b, P] float32
-    (P = 0 without a masking config); sentence_labels [b] int32 (-1 where
-    the objective has none).
+    Returns the dict `batch_schema(b, T, P)` describes (P = 0 without a
+    masking config).
     """
     if step < 0:
       raise ValueError(f"step must be >= 0, got {step}.")

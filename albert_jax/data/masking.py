@@ -24,6 +24,7 @@ defines the streams; the batch code draws the same values.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -136,8 +137,14 @@ def mask_batch(input_ids: np.ndarray,
                special: np.ndarray,
                mask_id: int,
                vocab_size: int,
-               config: MaskingConfig = MaskingConfig()) -> dict[str, np.ndarray]:
+               config: MaskingConfig = MaskingConfig()
+               ) -> dict[str, np.ndarray]:
   """Chooses and applies MLM targets for a batch.
+
+  The phases: number the words (`_words`), give each row its budget
+  (`_budgets`), choose n-gram spans of words round by round (`_choose_spans`),
+  list the tokens of the chosen words (`_chosen_tokens`), replace them 80/10/10
+  (`_replace_tokens`) and pack the targets (`_pack_targets`).
 
   Args:
     input_ids: [B, T] int token ids ([CLS] A [SEP] B [SEP] pad...).
@@ -159,17 +166,61 @@ def mask_batch(input_ids: np.ndarray,
   ids = np.asarray(input_ids)
   batch, length = ids.shape
   valid = np.asarray(attention_mask) != 0
+  # Word and token counts fit int32 (smaller arrays, same values).
+  itype = np.int32 if ids.size + batch < 2**31 else np.int64
+  words = _words(ids, valid, word_start, special, config.whole_word, itype)
+  budget = _budgets(valid, words.num_words, config, itype)
+  covered = _choose_spans(keys, words, budget, config, itype)
+  chosen_flat, chosen_row, chosen_pos = _chosen_tokens(covered, words, length)
+  masked_ids_full, original = _replace_tokens(
+      ids, keys, chosen_flat, chosen_row, chosen_pos, mask_id=mask_id,
+      vocab_size=vocab_size, config=config)
+  pos, labels, weights = _pack_targets(
+      chosen_row, chosen_pos, original, batch, config.max_predictions)
+  return {
+      "input_ids": masked_ids_full,
+      "masked_positions": pos,
+      "masked_ids": labels,
+      "masked_weights": weights,
+  }
+
+
+class _Words(NamedTuple):
+  """A batch's words, numbered globally in row-major order (see `_words`).
+
+  W = total_words. Row b's word w is global word first_word[b] + w, and
+  first_word[b] + num_words[b] is the next row's first word (or W).
+  """
+  start_tok: np.ndarray  # [W] flat index (b·T + t) of each word's 1st token.
+  num_words: np.ndarray  # [B] words per row.
+  first_word: np.ndarray  # [B] global index of each row's first word.
+  # [W + 2] maskable tokens (batch-wide) before global word g; the last two
+  # entries: all of them. A span's token count is a difference of two.
+  before: np.ndarray
+  total_words: int  # W.
+  max_words: int  # max(num_words), at least 1.
+
+
+def _word_starts(ids: np.ndarray, valid: np.ndarray, word_start: np.ndarray,
+                 special: np.ndarray, whole_word: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(maskable, starts), both [B, T] bool: the tokens that may be masked,
+  and those of them that start a word.
+
+  `ids`, `valid`: [B, T]; `word_start`, `special`: [V] bool. A word is a
+  start piece and the non-start pieces after it; with `whole_word` off every
+  maskable token is its own word. So every word is a run of consecutive
+  maskable tokens within one row.
+  """
   # One gather of a per-piece code: 0 = word start, 1 = other maskable
   # piece, 2/3 = special. (np.take is faster than fancy indexing; in-place
   # ops keep the number of fresh [B, T] arrays down.)
   code = np.asarray(special, bool).astype(np.uint8) << 1
-  if config.whole_word:
+  if whole_word:
     code |= ~np.asarray(word_start, bool)
   code = np.take(code, ids)
   maskable = code < 2
   maskable &= valid
-  # Word structure. A word is a start piece and the non-start pieces after
-  # it; with whole_word off every maskable token is its own word.
   starts = code == 0
   starts &= valid
   del code
@@ -180,131 +231,201 @@ def mask_batch(input_ids: np.ndarray,
   starts[:, 1:] |= after_unmaskable
   del after_unmaskable
   starts[:, :1] |= maskable[:, :1]
-  # So every word is a run of consecutive maskable tokens within one row.
-  # Words are numbered globally in row-major order: row b's word w is
-  # first_word[b] + w, and first_word[b] + num_words[b] is the next row's
-  # first word (or the total). Flat 1-D arrays keep every gather cheap.
-  # Word and token counts fit int32 (smaller arrays, same values).
-  itype = np.int32 if ids.size + batch < 2**31 else np.int64
+  return maskable, starts
+
+
+def _words(ids: np.ndarray, valid: np.ndarray, word_start: np.ndarray,
+           special: np.ndarray, whole_word: bool, itype) -> _Words:
+  """Numbers the words of a [B, T] batch (`_Words`; counts of `itype`).
+
+  Flat 1-D arrays over the whole batch keep every later gather cheap.
+  """
+  batch, length = ids.shape
+  maskable, starts = _word_starts(ids, valid, word_start, special, whole_word)
   start_tok = np.flatnonzero(starts.reshape(-1))  # token of each global word
+  del starts
   total_words = len(start_tok)
   num_words = np.diff(np.searchsorted(
       start_tok, np.arange(batch + 1) * length)).astype(itype)
   first_word = (np.cumsum(num_words) - num_words).astype(itype)
   max_words = max(int(num_words.max(initial=0)), 1)
-  rows = np.arange(batch)
-  # before[g]: maskable tokens before global word g (the last entry: all of
-  # them), so a span's token count is a difference of two lookups. Before a
-  # row's first word every token is unmaskable, so row b's entry at
+  # Before a row's first word every token is unmaskable, so row b's entry at
   # first_word[b] + num_words[b] counts exactly its own tokens to its end.
   maskable_cum = np.cumsum(maskable.reshape(-1), dtype=itype)
-  # (One spare entry keeps the lookups of inactive rows below in bounds.)
+  del maskable
+  # (One spare entry keeps the lookups of inactive rows in `_plan_rounds`
+  # in bounds.)
   before = np.empty(total_words + 2, itype)
   before[:-2] = maskable_cum[start_tok]
   before[:-2] -= 1
   before[-2:] = maskable_cum[-1] if maskable_cum.size else 0
-  del maskable_cum
+  return _Words(start_tok, num_words, first_word, before, total_words,
+                max_words)
 
+
+def _budgets(valid: np.ndarray, num_words: np.ndarray,
+             config: MaskingConfig, itype) -> np.ndarray:
+  """[B] tokens each row may mask: min(max_predictions, max(1,
+  round(len·masked_lm_prob))), 0 for a row without words. `valid`: [B, T]
+  bool; `num_words`: [B]."""
   budget = np.minimum(config.max_predictions, np.maximum(
       1, np.round(valid.sum(axis=1) * config.masked_lm_prob))).astype(itype)
   budget[num_words == 0] = 0
+  return budget
 
-  # Shuffled order of start words: ascending random keys (stream 1, 53-bit
-  # uniforms; ties by word index, i.e. a stable argsort), absent words last.
-  # Rounds run in blocks, the first of about the budget (rarely exceeded),
-  # each next one 4x longer; only as many places as they reach are sorted.
-  head = min(max_words, config.max_predictions + 8)
-  word_idx = np.arange(max_words, dtype=itype)
+
+def _start_order(keys: np.ndarray, num_words: np.ndarray, max_words: int,
+                 head: int, itype) -> Callable[[int], np.ndarray]:
+  """The shuffled order of each row's start words, as a function of how many
+  places are needed: `places` -> [B, places] word indices (within the row).
+
+  Ascending random keys (stream 1, 53-bit uniforms; ties by word index, i.e.
+  a stable argsort), absent words (w >= num_words[b]) last. Only as many
+  places as are asked for are sorted. `head` must be the first number of
+  places asked for (the packed form partitions the `head` smallest keys to
+  the front up front, and later calls partition further in place).
+  """
   shift = max(1, (max_words - 1).bit_length())
   if shift <= 10:  # 53 key bits + 1 "absent" bit + shift fit in 64 bits
-    # Keys and word indices packed into one uint64, so a plain sort (or
-    # partition) does it. Made a few rows at a time, in cache.
-    order_bits = np.empty((batch, max_words), np.uint64)
-    order_base = _row_base(keys, 1)[:, None]
-    with np.errstate(over="ignore"):
-      step = (np.arange(max_words, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
-    word_bits = word_idx.astype(np.uint64)
-    chunk = max(1, (1 << 15) // max_words)
-    scratch = np.empty((min(chunk, batch), max_words), np.uint64)
-    for c0 in range(0, batch, chunk):
-      part = order_bits[c0:c0 + chunk]
-      np.add(order_base[c0:c0 + chunk], step, out=part)  # as _bits53
-      _mix_inplace(part, scratch[:len(part)])
-      part >>= np.uint64(11)
-      part[word_idx >= num_words[c0:c0 + chunk, None]] = np.uint64(1 << 53)
-      part <<= np.uint64(shift)
-      part |= word_bits
-      if head < max_words:  # the `head` smallest keys first (in place)
-        part.partition(head - 1, axis=1)
-    del scratch
-    low_bits = np.uint64((1 << shift) - 1)
+    return _packed_start_order(keys, num_words, max_words, head, shift, itype)
+  return _argsort_start_order(keys, num_words, max_words, itype)
 
-    def sorted_order(places):
-      """Columns 0..places-1 of the sorted order: [B, places]."""
-      if places == max_words:
-        packed = np.sort(order_bits, axis=1)
-      else:
-        if places != head:  # (`head` is done above)
-          order_bits.partition(places - 1, axis=1)
-        packed = np.sort(order_bits[:, :places], axis=1)
-      packed &= low_bits
-      return packed.astype(itype)
-  else:
-    order_keys = _to_unit(_bits53(_row_base(keys, 1)[:, None],
-                                  np.arange(max_words, dtype=np.uint64)))
-    order_keys[word_idx[None, :] >= num_words[:, None]] = 2.0
 
-    def sorted_order(places):
-      return np.argsort(order_keys, axis=1, kind="stable")[:, :places].astype(
-          itype)
+def _packed_start_order(keys, num_words, max_words, head, shift, itype):
+  """`_start_order` with keys and word indices packed into one uint64
+  ([B, max_words]: key bits << shift | word), so a plain sort (or partition)
+  does it. Made a few rows at a time, in cache; the `head` smallest keys of
+  each row are partitioned to the front up front."""
+  batch = len(num_words)
+  word_idx = np.arange(max_words, dtype=itype)
+  order_bits = np.empty((batch, max_words), np.uint64)
+  order_base = _row_base(keys, 1)[:, None]
+  with np.errstate(over="ignore"):
+    step = (np.arange(max_words, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+  word_bits = word_idx.astype(np.uint64)
+  chunk = max(1, (1 << 15) // max_words)
+  scratch = np.empty((min(chunk, batch), max_words), np.uint64)
+  for c0 in range(0, batch, chunk):
+    part = order_bits[c0:c0 + chunk]
+    np.add(order_base[c0:c0 + chunk], step, out=part)  # as _bits53
+    _mix_inplace(part, scratch[:len(part)])
+    part >>= np.uint64(11)
+    part[word_idx >= num_words[c0:c0 + chunk, None]] = np.uint64(1 << 53)
+    part <<= np.uint64(shift)
+    part |= word_bits
+    if head < max_words:  # the `head` smallest keys first (in place)
+      part.partition(head - 1, axis=1)
+  del scratch
+  low_bits = np.uint64((1 << shift) - 1)
+
+  def sorted_order(places):
+    """Columns 0..places-1 of the sorted order: [B, places]."""
+    if places == max_words:
+      packed = np.sort(order_bits, axis=1)
+    else:
+      if places != head:  # (`head` is done above)
+        order_bits.partition(places - 1, axis=1)
+      packed = np.sort(order_bits[:, :places], axis=1)
+    packed &= low_bits
+    return packed.astype(itype)
+  return sorted_order
+
+
+def _argsort_start_order(keys, num_words, max_words, itype):
+  """`_start_order` for rows too long to pack: float keys ([B, max_words],
+  2.0 for absent words) and a stable argsort."""
+  word_idx = np.arange(max_words, dtype=itype)
+  order_keys = _to_unit(_bits53(_row_base(keys, 1)[:, None],
+                                np.arange(max_words, dtype=np.uint64)))
+  order_keys[word_idx[None, :] >= num_words[:, None]] = 2.0
+
+  def sorted_order(places):
+    return np.argsort(order_keys, axis=1, kind="stable")[:, :places].astype(
+        itype)
+  return sorted_order
+
+
+def _plan_rounds(start: np.ndarray, r0: int, r1: int, words: _Words,
+                 budget: np.ndarray, draw_base: np.ndarray, cdf: np.ndarray,
+                 itype) -> tuple[np.ndarray, ...]:
+  """Everything about rounds r0..r1-1 that does not depend on earlier rounds.
+
+  Args:
+    start: [R, B] the rounds' start words (within each row), R = r1 - r0.
+    r0, r1: the rounds.
+    words: the batch's words.
+    budget: [B] (`_budgets`).
+    draw_base: [B] row seeds of stream 2 (n-gram lengths).
+    cdf: [max_ngram] cumulative p(n).
+    itype: integer type of counts.
+
+  Returns:
+    budget_or_none: [R, B] the budget, -1 where the start is no word (then
+      no span ever fits);
+    span_tokens: [R, max_ngram, B] tokens of the span of n = 1..max_ngram
+      words from the start (non-decreasing in n);
+    added: [R, max_ngram, B] what span n adds over span n-1;
+    span_words: [R, max_ngram, B] global index of the word span n adds
+      (n-th of the span; past the span's end its last word again).
+    (Round-major, and n before the batch so that a round's rows per n are
+    contiguous.)
+  """
+  max_ngram = len(cdf)
+  offsets = np.arange(max_ngram, dtype=itype)
+  # n ~ p(n), stream 2 column r: 1 + number of cdf steps the draw passed.
+  draws = _to_unit(_bits53(draw_base[None, :],
+                           np.arange(r0, r1, dtype=np.uint64)[:, None]))
+  n_max = np.ones(draws.shape, itype)
+  for c in cdf:
+    n_max += draws >= c
+  # As the official code: n is drawn from all of 1..max_ngram even near
+  # the last word (its `cand_index_set` always holds max_ngram slices,
+  # shorter ones at the end, so p(n) is never renormalised); an n-gram
+  # running past the last word is just the words that are left.
+  left = words.num_words - start
+  present = left > 0  # r < num_words: the start is a word of the row
+  np.minimum(n_max, left, out=n_max)
+  n_max -= 1
+  np.maximum(n_max, 0, out=n_max)  # now max n - 1 (0 for absent starts)
+  first = words.first_word + start
+  np.minimum(first, words.total_words, out=first)  # (absent starts: in bounds)
+  # The words of the n-word spans, n = 1..max_ngram, past n_max repeating
+  # the last one (covering a word twice, or adding 0 tokens, is harmless)
+  # and their token counts, non-decreasing in n.
+  span_words = np.minimum(offsets[:, None], n_max[:, None])
+  span_words += first[:, None]
+  span_tokens = words.before.take(span_words + 1)
+  span_tokens -= words.before.take(first)[:, None]
+  # What span n adds over span n-1, so span n's tokens are a masked sum.
+  added = span_tokens.copy()
+  added[:, 1:] -= span_tokens[:, :-1]
+  budget_or_none = np.where(present, budget, -1).astype(itype)
+  return budget_or_none, span_tokens, added, span_words
+
+
+def _choose_spans(keys: np.ndarray, words: _Words, budget: np.ndarray,
+                  config: MaskingConfig, itype) -> np.ndarray:
+  """The n-gram spans: [W + max_ngram] bool, covered[g] = global word g is
+  masked (the max_ngram padding entries at the end are never set; they keep
+  span lookups past the last word in bounds).
+
+  Round r tries the r-th shuffled start word of every row at once
+  (`_take_round`). Rounds run in blocks (`_plan_rounds`), the first of about
+  the budget (rarely exceeded), each next one 4x longer, until no row has
+  room left or the words run out.
+  """
+  max_words = words.max_words
+  head = min(max_words, config.max_predictions + 8)
+  sorted_order = _start_order(keys, words.num_words, max_words, head, itype)
   cdf = np.cumsum(config.ngram_probs)
   draw_base = _row_base(keys, 2)
-  max_ngram = config.max_ngram
-  offsets = np.arange(max_ngram, dtype=itype)
-
-  def plan(r0, r1):
-    """Everything about rounds r0..r1-1 that does not depend on earlier
-    rounds: [R, B] and [R, max_ngram, B] arrays (round-major, and n before
-    the batch so that a round's rows per n are contiguous)."""
-    start = np.ascontiguousarray(sorted_order(r1)[:, r0:].T)
-    # n ~ p(n), stream 2 column r: 1 + number of cdf steps the draw passed.
-    draws = _to_unit(_bits53(draw_base[None, :],
-                             np.arange(r0, r1, dtype=np.uint64)[:, None]))
-    n_max = np.ones(draws.shape, itype)
-    for c in cdf:
-      n_max += draws >= c
-    # As the official code: n is drawn from all of 1..max_ngram even near
-    # the last word (its `cand_index_set` always holds max_ngram slices,
-    # shorter ones at the end, so p(n) is never renormalised); an n-gram
-    # running past the last word is just the words that are left.
-    left = num_words - start
-    present = left > 0  # r < num_words: the start is a word of the row
-    np.minimum(n_max, left, out=n_max)
-    n_max -= 1
-    np.maximum(n_max, 0, out=n_max)  # now max n - 1 (0 for absent starts)
-    first = first_word + start
-    np.minimum(first, total_words, out=first)  # (absent starts: in bounds)
-    # The words of the n-word spans, n = 1..max_ngram, past n_max repeating
-    # the last one (covering a word twice, or adding 0 tokens, is harmless)
-    # and their token counts, non-decreasing in n.
-    span_words = np.minimum(offsets[:, None], n_max[:, None])
-    span_words += first[:, None]
-    span_tokens = before.take(span_words + 1)
-    span_tokens -= before.take(first)[:, None]
-    # What span n adds over span n-1, so span n's tokens are a masked sum.
-    added = span_tokens.copy()
-    added[:, 1:] -= span_tokens[:, :-1]
-    # Budget, -1 where the start is no word: then no span ever fits.
-    budget_or_none = np.where(present, budget, -1).astype(itype)
-    return budget_or_none, span_tokens, added, span_words
-
-  # covered[g]: global word g already masked; max_ngram padding entries at
-  # the end (never set) keep span lookups past the last word in bounds.
-  covered = np.zeros(total_words + max_ngram, bool)
-  count = np.zeros(batch, itype)
+  covered = np.zeros(words.total_words + config.max_ngram, bool)
+  count = np.zeros(len(budget), itype)  # [B] tokens masked so far
   r0, r1 = 0, head
   while r0 < max_words:
-    budget_or_none, span_tokens, added, span_words = plan(r0, r1)
+    start = np.ascontiguousarray(sorted_order(r1)[:, r0:].T)
+    budget_or_none, span_tokens, added, span_words = _plan_rounds(
+        start, r0, r1, words, budget, draw_base, cdf, itype)
     for j in range(r1 - r0):
       # Tokens still allowed; a row is active (r < num_words and count <
       # budget) iff room > 0, and every span has >= 1 token.
@@ -312,28 +433,59 @@ def mask_batch(input_ids: np.ndarray,
       if room.max(initial=0) <= 0:
         r1 = max_words
         break
-      # take[k, b]: the span of k + 1 words fits (so do the shorter ones):
-      # n shrunk to the longest span that fits the budget.
-      take = span_tokens[j] <= room
-      # Rejected if any word of the span is already covered.
-      overlap = covered.take(span_words[j])
-      overlap &= take
-      np.greater(take, np.logical_or.reduce(overlap, axis=0), out=take)
-      covered[span_words[j][take]] = True
-      added_j = added[j] * take
-      count += added_j.sum(axis=0, dtype=itype)
+      count += _take_round(covered, room, span_tokens[j], added[j],
+                           span_words[j], itype)
     r0, r1 = r1, min(max_words, 4 * r1)
+  return covered
 
-  # The chosen tokens: every token of every covered word, in row-major
-  # order (so ascending positions within a row).
-  chosen_words = np.flatnonzero(covered[:total_words])
+
+def _take_round(covered: np.ndarray, room: np.ndarray,
+                span_tokens: np.ndarray, added: np.ndarray,
+                span_words: np.ndarray, itype) -> np.ndarray:
+  """One round: each row takes the longest span from its start word that
+  fits its `room` ([B]), unless a word of it is already `covered` (then
+  none); marks the words in `covered` (in place). `span_tokens`, `added`,
+  `span_words`: [max_ngram, B], one round of `_plan_rounds`. Returns [B]
+  the tokens taken."""
+  # take[k, b]: the span of k + 1 words fits (so do the shorter ones):
+  # n shrunk to the longest span that fits the budget.
+  take = span_tokens <= room
+  # Rejected if any word of the span is already covered.
+  overlap = covered.take(span_words)
+  overlap &= take
+  np.greater(take, np.logical_or.reduce(overlap, axis=0), out=take)
+  covered[span_words[take]] = True
+  added_j = added * take
+  return added_j.sum(axis=0, dtype=itype)
+
+
+def _chosen_tokens(covered: np.ndarray, words: _Words, length: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Every token of every covered word, in row-major order (so ascending
+  positions within a row): (flat index b·T + t, row b, position t), each
+  [N], N = tokens chosen in the batch."""
+  chosen_words = np.flatnonzero(covered[:words.total_words])
+  before = words.before
   word_len = before[chosen_words + 1] - before[chosen_words]
   chosen_flat = np.arange(word_len.sum()) + np.repeat(
-      start_tok[chosen_words] - (np.cumsum(word_len) - word_len), word_len)
+      words.start_tok[chosen_words] - (np.cumsum(word_len) - word_len),
+      word_len)
   chosen_row = chosen_flat // max(length, 1)
   chosen_pos = chosen_flat - chosen_row * length
-  # 80% [MASK], 10% random id, 10% unchanged: decided per token, from
-  # streams 3 and 4 at the token's position (drawn for chosen tokens only).
+  return chosen_flat, chosen_row, chosen_pos
+
+
+def _replace_tokens(ids: np.ndarray, keys: np.ndarray,
+                    chosen_flat: np.ndarray, chosen_row: np.ndarray,
+                    chosen_pos: np.ndarray, *, mask_id: int, vocab_size: int,
+                    config: MaskingConfig
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """80% [MASK], 10% random id, 10% unchanged, decided per chosen token.
+
+  From streams 3 and 4 at the token's position (drawn for chosen tokens
+  only). `ids`: [B, T]; the chosen_*: [N] (`_chosen_tokens`). Returns the
+  masked copy of `ids` [B, T] (same dtype) and the original ids [N].
+  """
   pos_counter = chosen_pos.astype(np.uint64)
   u = _to_unit(_bits53(_row_base(keys, 3)[chosen_row], pos_counter))
   random_ids = np.minimum((_to_unit(_bits53(
@@ -345,10 +497,18 @@ def mask_batch(input_ids: np.ndarray,
       original))
   masked_ids_full = np.array(ids, dtype=ids.dtype, order="C", copy=True)
   masked_ids_full.reshape(-1)[chosen_flat] = replaced.astype(ids.dtype)
+  return masked_ids_full, original
 
-  p = config.max_predictions
-  # Sorted positions of chosen tokens, padded with zeros (weight 0). A row
-  # never has more than its budget <= p; the cut is only a safeguard.
+
+def _pack_targets(chosen_row: np.ndarray, chosen_pos: np.ndarray,
+                  original: np.ndarray, batch: int, p: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Positions [B, p] int32, labels [B, p] int32 and weights [B, p] float32
+  of the chosen tokens ([N] each, row-major), padded with zeros (weight 0).
+
+  A row never has more than its budget <= p; the cut is only a safeguard.
+  """
+  rows = np.arange(batch)
   rank = np.arange(len(chosen_row)) - np.searchsorted(chosen_row, rows)[
       chosen_row]
   keep = np.flatnonzero(rank < p)
@@ -359,9 +519,4 @@ def mask_batch(input_ids: np.ndarray,
   pos.reshape(-1)[dest] = chosen_pos[keep]
   labels.reshape(-1)[dest] = original[keep]
   weights.reshape(-1)[dest] = 1.0
-  return {
-      "input_ids": masked_ids_full,
-      "masked_positions": pos,
-      "masked_ids": labels,
-      "masked_weights": weights,
-  }
+  return pos, labels, weights

@@ -115,11 +115,11 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
     ValueError: nothing to train on (no documents, or no instances).
   """
   config.validate()
-  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   tok = Tokenizer.from_file(config.tokenizer)
   if tok.cls_id is None or tok.sep_id is None:
     raise ValueError(f"{config.tokenizer} has no [CLS]/[SEP] pieces; train a "
-                     "tokenizer with `python -m albert_jax.tokenizer train`.")
+                     "tokenizer with `python -m albert_jax.text.train`.")
   _clear_outputs(config.output_dir)
   totals = {s: instances_lib.Stats() for s in SPLITS}
   files = {s: [] for s in SPLITS}
@@ -154,9 +154,10 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
   try:
     with pool:
       for split, block, first, block_docs in shards.document_blocks(
-          docs, config):
-        pending.append((split, pool.submit(shards.write_block, split, block,
-                                           first, block_docs, config)))
+          docs, config.eval_fraction, config.docs_per_block):
+        pending.append((split, pool.submit(
+            shards.write_block, split, block, first, block_docs,
+            config.output_dir, config.instance_config(), config.seed)))
         drain(2 * config.num_workers)
       drain(0)
     bar.update(sum(t.documents for t in totals.values()),

@@ -15,13 +15,10 @@ import concurrent.futures
 import hashlib
 import os
 import time
-from typing import TYPE_CHECKING, Iterator, TextIO
+from typing import Iterator, TextIO
 
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
-
-if TYPE_CHECKING:
-  from albert_jax.data.prepare import PrepareConfig
 
 SPLITS = ("train", "eval")
 _MAX_BLOCK_CHARS = 1 << 25  # bounds a block's memory when documents are huge
@@ -39,23 +36,25 @@ def is_eval_document(index: int, fraction: float) -> bool:
 def init_worker(tokenizer_path: str) -> None:
   """Loads the tokenizer `write_block` uses, once per worker process."""
   global _TOKENIZER
-  from albert_jax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   _TOKENIZER = Tokenizer.from_file(tokenizer_path)
 
 
 def write_block(split: str, block: int, first_index: int,
-                docs: list[list[str]], config: PrepareConfig
+                docs: list[list[str]], output_dir: str,
+                recipe: instances_lib.InstanceConfig, seed: int
                 ) -> tuple[str, instances_lib.Stats]:
-  """Tokenises a block of documents and writes its shard; returns counts."""
+  """Tokenises a block of documents and writes its shard into `output_dir`
+  with the instance `recipe` and `seed`; returns (path, counts)."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   tok = _TOKENIZER
   # Sentences that tokenise to nothing (e.g. only control characters) would
   # make empty segments; drop them.
   tokenised = [[ids for ids in map(tok.encode, doc) if ids] for doc in docs]
   made, stats = instances_lib.create_instances(
-      tokenised, config.instance_config(), config.seed, tok.cls_id,
-      tok.sep_id, first_index=first_index)
-  path = os.path.join(config.output_dir, shard_name(split, block))
+      tokenised, recipe, seed, tok.cls_id, tok.sep_id,
+      first_index=first_index)
+  path = os.path.join(output_dir, shard_name(split, block))
   tmp = path + ".tmp"
   # group_size:1 makes every record randomly accessible on its own, which
   # the loader's global shuffle needs.
@@ -72,22 +71,25 @@ def shard_name(split: str, block: int) -> str:
   return f"{split}-{block:05d}.arrayrecord"
 
 
-def document_blocks(docs: Iterator[list[str]], config: PrepareConfig
+def document_blocks(docs: Iterator[list[str]], eval_fraction: float,
+                    docs_per_block: int
                     ) -> Iterator[tuple[str, int, int, list[list[str]]]]:
-  """(split, block number, first document index in split, documents)."""
+  """(split, block number, first document index in split, documents): at
+  most `docs_per_block` documents a block, each held out for "eval" with
+  probability `eval_fraction` (by its index)."""
   buffers = {s: [] for s in SPLITS}
   chars = {s: 0 for s in SPLITS}
   firsts = {s: 0 for s in SPLITS}
   counts = {s: 0 for s in SPLITS}
   seen = {s: 0 for s in SPLITS}
   for index, doc in enumerate(docs):
-    split = "eval" if is_eval_document(index, config.eval_fraction) else "train"
+    split = "eval" if is_eval_document(index, eval_fraction) else "train"
     if not buffers[split]:
       firsts[split] = seen[split]
     buffers[split].append(doc)
     chars[split] += sum(map(len, doc))
     seen[split] += 1
-    if (len(buffers[split]) >= config.docs_per_block
+    if (len(buffers[split]) >= docs_per_block
         or chars[split] >= _MAX_BLOCK_CHARS):
       yield split, counts[split], firsts[split], buffers[split]
       counts[split] += 1

@@ -42,8 +42,8 @@ from typing import Optional
 
 import numpy as np
 
-from albert_jax.finetune import heads
-from albert_jax.finetune import scores
+from albert_jax.finetune import classification
+from albert_jax.finetune import metrics as task_metrics
 from albert_jax.finetune import task as task_lib
 
 _NLI3 = ("entailment", "neutral", "contradiction")
@@ -118,7 +118,7 @@ class Rows:
   file: Optional[str]
 
 
-class GlueTask(heads.SingleLabelTask):
+class GlueTask(classification.SingleLabelTask):
   """One GLUE task (see the module docstring)."""
 
   def __init__(self, name: str, spec: Spec, data, predict_splits):
@@ -151,7 +151,7 @@ class GlueTask(heads.SingleLabelTask):
       raise ValueError(f"TFDS {tfds_name} split {tfds_split!r} is empty.")
     order = np.argsort(columns["idx"], kind="stable")
     texts = [[_text(columns[k][i]) for i in order] for k in self.spec.texts]
-    features = heads.encode_texts(tokenizer, texts[0],
+    features = classification.encode_texts(tokenizer, texts[0],
                                   texts[1] if len(texts) > 1 else None,
                                   max_seq_length)
     dtype = np.float32 if self.regression else np.int32
@@ -189,15 +189,15 @@ class GlueTask(heads.SingleLabelTask):
 
   def evaluate(self, predictions: dict[str, np.ndarray],
                split: task_lib.Split) -> dict[str, float]:
-    pred = heads.row_predictions(predictions, split)
+    pred = classification.row_predictions(predictions, split)
     labels = split.features["labels"]
     if self.regression:
-      return scores.pearson_and_spearman(pred, labels)
+      return task_metrics.pearson_and_spearman(pred, labels)
     if self.metric == "mcc":
-      return scores.mcc_and_accuracy(pred, labels)
+      return task_metrics.mcc_and_accuracy(pred, labels)
     if self.metric == "f1":
-      return scores.accuracy_and_f1(pred, labels)
-    return {"accuracy": scores.accuracy(pred, labels)}
+      return task_metrics.accuracy_and_f1(pred, labels)
+    return {"accuracy": task_metrics.accuracy(pred, labels)}
 
   def _render(self, value, clip: bool) -> str:
     """One prediction as GLUE writes it."""
@@ -212,7 +212,7 @@ class GlueTask(heads.SingleLabelTask):
                         split: task_lib.Split, directory: str) -> list[str]:
     """The GLUE submission file (prediction splits) and, for a labelled
     split, `<split>_predictions.tsv` with idx, prediction and label."""
-    pred = heads.row_predictions(predictions, split)
+    pred = classification.row_predictions(predictions, split)
     rows: Rows = split.examples
     os.makedirs(directory, exist_ok=True)
     paths = []

@@ -31,9 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import layers
-from albert_jax.finetune.task import Split, Task
-from albert_jax.model_config import ModelConfig
+from albert_jax.finetune.task import Split
+from albert_jax.finetune.task import Task
+from albert_jax.model import layers
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import objectives
 
 TASKS = ("race/high", "race/middle", "race/all")
 LETTERS = "ABCD"
@@ -104,7 +106,7 @@ def featurize(records: list[dict], tokenizer, max_seq_length: int,
   int32 and "label" [N] int32."""
   if tokenizer.cls_id is None or tokenizer.sep_id is None:
     raise ValueError("RACE inputs need [CLS] and [SEP] pieces; this "
-                     "vocabulary has none (train one with Tokenizer.train).")
+                     "vocabulary has none (train one with albert_jax.text.train).")
   if max_seq_length < max_qa_length + 4:
     raise ValueError(
         f"max_seq_length={max_seq_length} leaves no room for the article "
@@ -146,9 +148,7 @@ class MultipleChoiceHead(nn.Module):
     x = nn.Dropout(cfg.classifier_dropout_prob)(
         encoded["pooled_output"], deterministic=deterministic)
     logits = layers.Dense((1,), ("embed", "classes"),
-                          init_range=cfg.initializer_range,
-                          dtype=cfg.compute_dtype,
-                          param_dtype=cfg.parameter_dtype, name="output")(x)
+                          **cfg.layer_kwargs, name="output")(x)
     return {"logits": logits[..., 0].astype(jnp.float32)}
 
 
@@ -188,14 +188,9 @@ class RaceTask(Task):
     return MultipleChoiceHead(model_config)
 
   def loss_sums(self, outputs: dict, batch: dict) -> dict:
-    w = batch["weights"].astype(jnp.float32)
-    logits, labels = outputs["logits"], batch["label"].astype(jnp.int32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    # where(): a zero-weight row's loss must not turn into NaN·0.
-    return {"loss_sum": jnp.sum(jnp.where(w > 0, nll, 0.0) * w),
-            "correct_sum": jnp.sum(w * correct)}
+    sums = objectives.weighted_cross_entropy(
+        outputs["logits"], batch["label"], batch["weights"])
+    return {"loss_sum": sums["loss_sum"], "correct_sum": sums["correct"]}
 
   def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
     logits = outputs["logits"]

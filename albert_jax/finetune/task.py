@@ -3,7 +3,7 @@
 A `Task` turns a dataset split into fixed-shape feature arrays, supplies the
 head that sits on the encoder, its loss in sum form (so gradient accumulation
 is exact, as in pre-training), per-row predictions, the official metrics and
-the prediction files. The one fine-tuning loop (`albert_jax.finetune.train`)
+the prediction files. The one fine-tuning loop (`albert_jax.finetune.run`)
 drives any task through this interface; nothing task-specific lives there.
 
 Conventions every task follows:
@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import models
-from albert_jax import objectives
-from albert_jax.model_config import ModelConfig
+from albert_jax.model import albert as albert_lib
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import objectives
 
 INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 
@@ -151,7 +151,7 @@ class FineTuneModel(nn.Module):
     ids = batch["input_ids"]
     lead, length = ids.shape[:-1], ids.shape[-1]
     flat = {k: batch[k].reshape((-1, length)) for k in INPUT_KEYS}
-    encoded = models.Albert(self.config, pooler=True,
+    encoded = albert_lib.Albert(self.config, pooler=True,
                             heads=("lm",) if self.lm_head else (),
                             name="albert")(
                                 flat["input_ids"], flat["token_type_ids"],
@@ -199,12 +199,8 @@ def lm_aux_sums(lm_logits: jax.Array, batch: dict) -> dict[str, jax.Array]:
     predicted tokens), as `objectives.lm_sums` gives them in pre-training.
   """
   labels, weights = lm_aux_targets(batch)
-  logits = lm_logits.reshape((-1,) + lm_logits.shape[-2:])[:, :-1]
-  loss = objectives.cross_entropy(logits, labels)
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return {"lm_loss_sum": jnp.sum(loss * weights),
-          "lm_correct": jnp.sum(correct * weights),
-          "lm_count": jnp.sum(weights)}
+  return objectives.lm_sums(
+      lm_logits.reshape((-1,) + lm_logits.shape[-2:]), labels, weights)
 
 
 class TaskObjective:

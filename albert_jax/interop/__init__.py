@@ -9,7 +9,7 @@ Modules:
   tf_checkpoint: google-research/albert TF1 release directories.
   workdir_loading: albert_jax training workdirs.
 
-`albert_jax.hf` and `albert_jax.pretrained` are the public entry points.
+`albert_jax.interop.hf` and `albert_jax.interop.pretrained` are the public entry points.
 """
 
 

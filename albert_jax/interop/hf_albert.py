@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from albert_jax.interop.layout import Entry
-from albert_jax.interop.layout import Table
-from albert_jax.model_config import ModelConfig
+from albert_jax.interop.tensor_map import Entry
+from albert_jax.interop.tensor_map import Table
+from albert_jax.model.config import ModelConfig
 
 _LAYER = "encoder.albert_layer_groups.{g}.albert_layers.{i}."
 

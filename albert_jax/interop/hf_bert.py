@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from albert_jax.interop.layout import Entry
-from albert_jax.interop.layout import Table
-from albert_jax.model_config import ModelConfig
+from albert_jax.interop.tensor_map import Entry
+from albert_jax.interop.tensor_map import Table
+from albert_jax.model.config import ModelConfig
 
 # Per family: the sign of each head in a state dict, where each head's
 # tensors live, and the tied copies HF may store (→ the tensor tied to).

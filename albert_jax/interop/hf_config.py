@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from albert_jax.model_config import ModelConfig
+from albert_jax.model.config import ModelConfig
 
 SUPPORTED_MODEL_TYPES = ("albert", "bert", "electra", "roberta")
 

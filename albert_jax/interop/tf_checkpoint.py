@@ -35,8 +35,8 @@ import re
 from typing import Any, Mapping
 
 from albert_jax.interop import CheckpointError
-from albert_jax.interop import layout
-from albert_jax.model_config import ModelConfig
+from albert_jax.interop import tensor_map
+from albert_jax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,11 @@ def detect_parts(shapes: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def entries(cfg: ModelConfig, parts: Mapping[str, bool]
-            ) -> list[layout.Entry]:
+            ) -> list[tensor_map.Entry]:
   """Every official variable `cfg` implies for `parts`, in model order."""
   v, e, h, f = (cfg.vocab_size, cfg.embedding_size, cfg.hidden_size,
                 cfg.intermediate_size)
-  t = layout.Table(weight="kernel", bias="bias", scale="gamma", shift="beta",
+  t = tensor_map.Table(weight="kernel", bias="bias", scale="gamma", shift="beta",
                    sep="/")
   for name, rows in (("word_embeddings", v),
                      ("token_type_embeddings", cfg.type_vocab_size),
@@ -241,7 +241,7 @@ def load(path: str, step: int | None, overrides: Mapping[str, Any]
       "max_position_embeddings", "type_vocab_size"))
   note = f" with overrides {dict(overrides)}" if overrides else ""
   try:
-    layout.check(shapes, table,
+    tensor_map.check(shapes, table,
                  f"{prefix}: the variables do not fit {CONFIG_FILE}{note} "
                  f"({summary})",
                  ignore=lambda k: _skipped(k) or k in foreign)
@@ -255,7 +255,7 @@ def load(path: str, step: int | None, overrides: Mapping[str, Any]
     log.warning("%s: left out %d variables that albert_jax does not map "
                 "(e.g. fine-tuning heads): %s", prefix, len(foreign),
                 ", ".join(foreign[:8]) + (" ..." if len(foreign) > 8 else ""))
-  params = layout.assemble(table, reader.get_tensor, cfg.num_attention_heads)
+  params = tensor_map.assemble(table, reader.get_tensor, cfg.num_attention_heads)
   step = (int(reader.get_tensor("global_step")) if "global_step" in shapes
           else None)
   return dict(model_config=cfg, params=params, parts=parts, step=step,

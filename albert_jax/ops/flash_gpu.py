@@ -37,20 +37,20 @@ import math
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+import jax.numpy as jnp
 
 from albert_jax.ops import flash_gpu_bwd
 from albert_jax.ops.flash_common import padded_segment_ids
+from albert_jax.ops.flash_gpu_common import compiler_params
 from albert_jax.ops.flash_gpu_common import LOG2E
 from albert_jax.ops.flash_gpu_common import MASK_VALUE
-from albert_jax.ops.flash_gpu_common import Static
-from albert_jax.ops.flash_gpu_common import compiler_params
 from albert_jax.ops.flash_gpu_common import mma
 from albert_jax.ops.flash_gpu_common import pair_mask
 from albert_jax.ops.flash_gpu_common import row_spec
+from albert_jax.ops.flash_gpu_common import Static
 from albert_jax.ops.flash_gpu_common import vector_spec
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

@@ -13,18 +13,18 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+import jax.numpy as jnp
 
-from albert_jax.ops.flash_gpu_common import LOG2E
-from albert_jax.ops.flash_gpu_common import Static
 from albert_jax.ops.flash_gpu_common import compiler_params
+from albert_jax.ops.flash_gpu_common import LOG2E
 from albert_jax.ops.flash_gpu_common import matmul
 from albert_jax.ops.flash_gpu_common import mma
 from albert_jax.ops.flash_gpu_common import pair_mask
 from albert_jax.ops.flash_gpu_common import row_spec
+from albert_jax.ops.flash_gpu_common import Static
 from albert_jax.ops.flash_gpu_common import vector_spec
 
 _MEMORY_REGISTERS = 40

@@ -6,10 +6,10 @@ import math
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+import jax.numpy as jnp
 
 LOG2E = math.log2(math.e)
 # Finite: a masked logit must not make max() or exp2() produce inf - inf.

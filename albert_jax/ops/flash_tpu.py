@@ -34,19 +34,19 @@ import math
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+import jax.numpy as jnp
 
 from albert_jax.ops import flash_tpu_bwd
 from albert_jax.ops.flash_common import padded_segment_ids
 from albert_jax.ops.flash_tpu_common import LANES
+from albert_jax.ops.flash_tpu_common import lanes
 from albert_jax.ops.flash_tpu_common import MASK_VALUE
 from albert_jax.ops.flash_tpu_common import NT_DIMS
 from albert_jax.ops.flash_tpu_common import Static
 from albert_jax.ops.flash_tpu_common import Walk
-from albert_jax.ops.flash_tpu_common import lanes
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 

@@ -15,18 +15,18 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+import jax.numpy as jnp
 
+from albert_jax.ops.flash_tpu_common import lane_layout
 from albert_jax.ops.flash_tpu_common import LANES
+from albert_jax.ops.flash_tpu_common import lanes
 from albert_jax.ops.flash_tpu_common import NT_DIMS
 from albert_jax.ops.flash_tpu_common import Static
-from albert_jax.ops.flash_tpu_common import Walk
-from albert_jax.ops.flash_tpu_common import lane_layout
-from albert_jax.ops.flash_tpu_common import lanes
 from albert_jax.ops.flash_tpu_common import sublane_layout
+from albert_jax.ops.flash_tpu_common import Walk
 
 _SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
 

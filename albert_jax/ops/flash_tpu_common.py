@@ -19,9 +19,9 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+import jax.numpy as jnp
 
 LANES = 128
 SUBLANES = 8

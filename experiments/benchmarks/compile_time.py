@@ -6,12 +6,12 @@ layer, BERT-style) at the width of an ALBERT size (`--width`, default base:
 hidden 768, 12 heads, FFN 3072, E 128, vocab 30000), it measures:
 
   init          lower + compile of the state initialiser, jitted with the
-                state's shardings exactly as `train_step.create_state` jits
+                state's shardings exactly as `training.state.create_state` jits
                 it (abstract: nothing is allocated or run).
   step lower    tracing and lowering of the train step built as the trainer
                 builds it (`make_train_step` + `jit_train_step` on a
                 `sharding.make_mesh` mesh), from the abstract sharded state
-                and batch: `albert_jax.compile_only.compile_train_step`.
+                and batch: `albert_jax.tools.compile_only.compile_train_step`.
   step compile  XLA's compile of that lowered step, at the default
                 optimisation level (what a training run pays).
 
@@ -58,13 +58,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import compile_only
 from albert_jax import config_lib
-from albert_jax import models
-from albert_jax import optim
 from albert_jax import sharding as sharding_lib
-from albert_jax import train_step as step_lib
-from albert_jax.model_config import ModelConfig
+from albert_jax.model.config import ModelConfig
+from albert_jax.tools import compile_only
+from albert_jax.training import loop
+from albert_jax.training import optimizer as optim
+from albert_jax.training import run_spec
+from albert_jax.training import state as state_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -93,17 +94,15 @@ def timed(fn):
 
 def init_compile(config, fast: bool = False) -> None:
   """Lowers and compiles the sharded state initialiser (as create_state)."""
-  cfg = ModelConfig.from_dict(config.model)
-  model = models.Albert(cfg)
+  spec = run_spec.run_spec(config)
   tx, _ = optim.make(config)
   mesh = sharding_lib.make_mesh(config.mesh)
   rules = sharding_lib.rules_for(
       mesh, [tuple(r) for r in config.sharding_rules])
-  init = step_lib.init_fn(model, tx, config.data.max_seq_length,
-                          config.masking.max_predictions)
+  init = state_lib.state_init_fn(spec.init_params, tx)
   rng = jax.random.key(0)
-  shardings = step_lib.state_shardings(jax.eval_shape(init, rng), tx, mesh,
-                                       rules)
+  shardings = state_lib.state_shardings(jax.eval_shape(init, rng), tx, mesh,
+                                        rules)
 
   def unboxed_init(r):
     s = init(r)
@@ -117,7 +116,7 @@ def init_compile(config, fast: bool = False) -> None:
 def fast_options(fast: bool):
   """XLA:CPU's cheapest code generation (smoke runs), or the defaults."""
   if fast and jax.default_backend() == "cpu":
-    return dict(compile_only.FAST_COMPILE_OPTIONS)
+    return dict(loop.FAST_COMPILE_OPTIONS)
   return None
 
 

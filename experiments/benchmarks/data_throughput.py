@@ -6,7 +6,7 @@ side in one process, on the same tokenised instances:
   * a SentencePiece vocabulary (unigram, 8000 pieces) is trained on a slice
     of the bundled corpus (albert_jax/data/bundled/corpus, official format:
     one sentence a line, blank line between documents) with
-    `albert_jax.tokenizer.Tokenizer.train`, and cached;
+    `albert_jax.text.train.train`, and cached;
   * the corpus is tokenised and cut into [CLS] A [SEP] B [SEP] SOP instances
     with `albert_jax.data.instances.create_instances` (the official recipe,
     10% short sequences), padded to the sequence length; also cached;
@@ -107,7 +107,8 @@ import albert_jax
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
-from albert_jax.tokenizer import Tokenizer
+from albert_jax.text import train as text_train
+from albert_jax.text.tokenizer import Tokenizer
 
 CORPUS_DIR = os.path.join(os.path.dirname(albert_jax.__file__), "data",
                           "bundled", "corpus")
@@ -160,8 +161,8 @@ def get_tokenizer(cache_dir, digest):
     for path in corpus_files():
       with gzip.open(path, "rt", encoding="utf-8") as f:
         out.writelines(itertools.islice(f, TRAIN_LINES_PER_FILE))
-  tok = Tokenizer.train(slice_path, VOCAB_SIZE, output=model, seed=SEED,
-                        num_threads=1)
+  tok = text_train.train(slice_path, VOCAB_SIZE, output=model, seed=SEED,
+                         num_threads=1)
   return tok, True
 
 

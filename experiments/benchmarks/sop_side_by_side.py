@@ -5,8 +5,9 @@ project's prepared SOP instances and masks) with the same recipe; the table
 shows held-out SOP and MLM accuracy of each every `--eval_every` steps, and
 the largest difference between their training losses so far.
 
-- albert_jax: the trainer's own pieces (`pretraining.setup`, `optim.make`,
-  `train_step.make_train_step`), as `python -m albert_jax.main` runs them.
+- albert_jax: the trainer's own pieces (`run_spec.run_spec`,
+  `optimizer.make`, `step.make_train_step`), as `python -m albert_jax.main`
+  runs them.
 - reference: transformers' `AlbertForPreTraining` (torch), with the official
   loss (MLM mean over masked positions + SOP mean) and a line-for-line torch
   port of google-research/albert's `LAMBOptimizer` / `AdamWeightDecay
@@ -44,14 +45,15 @@ import torch
 import transformers
 
 from albert_jax import config_lib
-from albert_jax import hf
-from albert_jax import optim
-from albert_jax import pretraining
-from albert_jax import train_step as step_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
+from albert_jax.interop import hf
 from albert_jax.interop import hf_config
-from albert_jax.model_config import ModelConfig
+from albert_jax.model.config import ModelConfig
+from albert_jax.text import run_tokenizer
+from albert_jax.training import optimizer as optim
+from albert_jax.training import run_spec
+from albert_jax.training import step as step_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 EXCLUDE = re.compile(optim.EXCLUDE_PATTERN)
@@ -176,7 +178,7 @@ class SideBySide:
 
   def __init__(self, c, workdir: str, init: str = "albert_jax",
                compiler_options: dict | None = None):
-    tokenizer = pipeline.ensure_tokenizer(c, workdir)
+    tokenizer = run_tokenizer.ensure(c, workdir)
     data_dir = pipeline.ensure_dataset(c, workdir, tokenizer)
     vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
 
@@ -189,7 +191,7 @@ class SideBySide:
     self.train = loader("train", c.seed)
     self.eval = loader("eval", c.seed + 1)
     cfg = ModelConfig.from_dict(c.model)
-    run = pretraining.setup(c)
+    run = run_spec.run_spec(c)
     hf_cfg = transformers.AlbertConfig(**hf_config.config_to_hf(
         cfg, "albert", "AlbertForPreTraining"))
     hf_cfg.classifier_dropout_prob = 0.0  # albert_jax's SOP head has none

@@ -3,33 +3,37 @@
 `train_step.py` builds one extra albert_jax AdamW row per variant: a
 `--unfix NAME` row has a change that the library has made switched back off
 (the before/after of `UNFIXES`, in the same run), a `--fix NAME` row has a
-candidate change (`FIXES`) switched on. Each entry is a context manager that
-swaps a library function for another while `JaxRunner` lowers the step,
-and/or ModelConfig overrides; `a+b` combines several. Nothing here changes
-the library: a candidate that measures well is applied to albert_jax by
-hand, and then moves from FIXES to UNFIXES.
+candidate change (`FIXES`) switched on. Each entry is a context manager in
+force while `JaxRunner` lowers the step, and/or ModelConfig overrides;
+`a+b` combines several. A context manager swaps a library function for
+another, or sets one of the encoder's benchmark seams on its class:
+`AttentionBlock.project_qkv` (how Q, K and V are computed from their
+parameters), `FFNBlock.recompute_activation` and `Encoder.scan_unroll`. Nothing
+here changes the library or copies its blocks: a candidate that measures
+well is applied to albert_jax by hand, and then moves from FIXES to UNFIXES.
 """
 
 import contextlib
 import re
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from albert_jax import layers
-from albert_jax import models
+from albert_jax.model import encoder
+from albert_jax.model import layers
 from albert_jax.ops import attention as attention_ops
 
 
 @contextlib.contextmanager
-def _patched(module, name, value):
-  original = getattr(module, name)
-  setattr(module, name, value)
+def _patched(owner, name, value):
+  """`owner.name = value` (a module's function, a class's attribute) while
+  the context lasts."""
+  original = getattr(owner, name)
+  setattr(owner, name, value)
   try:
     yield
   finally:
-    setattr(module, name, original)
+    setattr(owner, name, original)
 
 
 ################################################################################
@@ -60,33 +64,10 @@ def autodiff_layer_norm():
                   lambda x, scale, bias, eps: formula(x, scale, bias, eps)[0])
 
 
-class _FFNKeepingActivation(models.FFNBlock):
-  """`models.FFNBlock` as it was: autodiff keeps the activation's output
-  (the output matmul's input) as well as its input."""
-
-  @nn.compact
-  def __call__(self, x, deterministic):
-    cfg = self.config
-    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
-              param_dtype=cfg.parameter_dtype)
-    y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
-                     name="intermediate", **kw)(x)
-    y = layers.activation(cfg.hidden_act)(y)
-    y = models._constrain(  # pylint: disable=protected-access
-        y, ("batch", "length", "mlp"))
-    y = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
-                     **kw)(y)
-    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-                         param_dtype=cfg.parameter_dtype,
-                         name="layer_norm")(x + y)
-    return models._constrain(  # pylint: disable=protected-access
-        y, ("batch", "length", "embed"))
-
-
 def ffn_keeps_activation():
-  """The FFN's activation output kept for the backward pass (see above)."""
-  return _patched(models, "FFNBlock", _FFNKeepingActivation)
+  """`encoder.FFNBlock` as it was: autodiff keeps the activation's output
+  (the output matmul's input) as well as its input."""
+  return _patched(encoder.FFNBlock, "recompute_activation", False)
 
 
 def _attention_two_arrays(q, k, v, mask, dropout_rate, dropout_rng,
@@ -121,81 +102,43 @@ def attention_two_arrays():
 
 def unroll_scan():
   """The encoder's `nn.scan` over layers, fully unrolled."""
-  original = nn.scan
-  return _patched(models.nn, "scan",
-                  lambda *a, **k: original(*a, unroll=True, **k))
+  return _patched(encoder.Encoder, "scan_unroll", True)
 
 
-class _DenseWeights(nn.Module):
-  """A `layers.Dense`'s parameters (same names, init and logical axes),
-  returned in the compute dtype instead of applied."""
-  features: tuple[int, ...]
-  axes: tuple[str, ...]
-  in_shape: tuple[int, ...]
-  init_range: float = 0.02
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+def _fused_qkv(project_qkv):
+  """`encoder.AttentionBlock.project_qkv` as one [H, 3H] matmul: the query,
+  key and value kernels (and biases) concatenated at trace time. Their
+  parameters stay the three Dense layers' (`project_qkv`, the library's,
+  creates them when the block is initialised)."""
 
-  @nn.compact
-  def __call__(self):
-    kernel = self.param(
-        "kernel", nn.with_logical_partitioning(
-            layers.kernel_init(self.init_range), self.axes),
-        self.in_shape + self.features, self.param_dtype)
-    bias = self.param(
-        "bias", nn.with_logical_partitioning(
-            nn.initializers.zeros, self.axes[len(self.in_shape):]),
-        self.features, self.param_dtype)
-    return kernel.astype(self.dtype), bias.astype(self.dtype)
-
-
-class _FusedQKVBlock(models.AttentionBlock):
-  """`models.AttentionBlock` with Q, K and V as one [H, 3H] matmul.
-
-  The parameters stay three Dense layers (query, key, value); their kernels
-  are concatenated at trace time.
-  """
-
-  @nn.compact
-  def __call__(self, x, segment_ids, deterministic):
-    cfg = self.config
-    kw = dict(init_range=cfg.initializer_range, dtype=cfg.compute_dtype,
-              param_dtype=cfg.parameter_dtype)
-    heads = (cfg.num_attention_heads, cfg.head_dim)
-    weights = [_DenseWeights(heads, ("embed", "heads", "kv"), x.shape[-1:],
-                             name=n, **kw)() for n in ("query", "key", "value")]
+  def fused(block, x):
+    if block.is_initializing():
+      return project_qkv(block, x)
+    cfg = block.config
+    params = [block.variables["params"][n] for n in ("query", "key", "value")]
     hidden = x.shape[-1]
-    kernel = jnp.concatenate([w.reshape(hidden, -1) for w, _ in weights], 1)
-    bias = jnp.concatenate([b.reshape(-1) for _, b in weights])
-    x_in = x.astype(cfg.compute_dtype)
+    dtype = cfg.compute_dtype
+    kernel = jnp.concatenate(
+        [p["kernel"].astype(dtype).reshape(hidden, -1) for p in params], 1)
+    bias = jnp.concatenate([p["bias"].astype(dtype).reshape(-1)
+                            for p in params])
+    x_in = x.astype(dtype)
     if layers._compile_platform() == "cpu":  # pylint: disable=protected-access
       y = layers._cpu_matmul(  # pylint: disable=protected-access
           x_in, kernel, 1, jax.config.jax_default_matmul_precision)
     else:
       y = x_in @ kernel
-    y = (y + bias).reshape(x.shape[:-1] + (3,) + heads)
-    q, k, v = (models._constrain(  # pylint: disable=protected-access
-        y[..., i, :, :], ("batch", "length", "heads", "kv")) for i in range(3))
-    dropout = cfg.attention_probs_dropout_prob
-    needs_rng = not deterministic and dropout > 0.0
-    context = attention_ops.dot_product_attention(
-        q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
-        dropout_rng=self.make_rng("dropout") if needs_rng else None,
-        deterministic=deterministic, impl=cfg.attention_impl,
-        causal=cfg.causal)
-    y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
-                     name="output", **kw)(context)
-    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    y = layers.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-                         param_dtype=cfg.parameter_dtype,
-                         name="layer_norm")(x + y)
-    return models._constrain(  # pylint: disable=protected-access
-        y, ("batch", "length", "embed"))
+    y = (y + bias).reshape(
+        x.shape[:-1] + (3, cfg.num_attention_heads, cfg.head_dim))
+    return tuple(y[..., i, :, :] for i in range(3))
+
+  return fused
 
 
 def fused_qkv():
   """The layer scan's attention blocks compute Q, K, V in one matmul."""
-  return _patched(models, "AttentionBlock", _FusedQKVBlock)
+  return _patched(encoder.AttentionBlock, "project_qkv",
+                  _fused_qkv(encoder.AttentionBlock.project_qkv))
 
 
 def _swapped_matmul_bwd(contract, precision, residuals, g):
@@ -238,7 +181,7 @@ UNFIXES = {
                  {}, autodiff_gelu),
     "layer_norm_vjp": ("layers.LayerNorm: autodiff's backward, three "
                        "residuals", {}, autodiff_layer_norm),
-    "ffn_act_remat": ("models.FFNBlock: the activation's output kept for "
+    "ffn_act_remat": ("encoder.FFNBlock: the activation's output kept for "
                       "the backward pass", {}, ffn_keeps_activation),
     "attn_rows": ("ops.attention: 1/√d on the logits, jax.nn.softmax, "
                   "padding queries zeroed in the probabilities", {},
@@ -248,9 +191,9 @@ FIXES = {
     "remat_dots": ("model.remat='dots': keep matmul outputs, recompute the "
                    "elementwise ops", {"remat": "dots"},
                    contextlib.nullcontext),
-    "unroll": ("models.Encoder: nn.scan(unroll=True), no stacked residuals",
+    "unroll": ("encoder.Encoder: nn.scan(unroll=True), no stacked residuals",
                {}, unroll_scan),
-    "fused_qkv": ("models.AttentionBlock: Q, K, V as one [H, 3H] matmul",
+    "fused_qkv": ("encoder.AttentionBlock: Q, K, V as one [H, 3H] matmul",
                   {}, fused_qkv),
     "dw_swap": ("layers.Dense on CPU: dW = (gᵀ·x)ᵀ for kernels taller than "
                 "wide", {}, dw_swap),

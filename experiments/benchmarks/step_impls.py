@@ -20,14 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import config_lib
-from albert_jax import flops as flops_lib
-from albert_jax import models
-from albert_jax import optim
 from albert_jax import sharding as sharding_lib
-from albert_jax import train_step as step_lib
-from albert_jax.model_config import ModelConfig
+from albert_jax.data import loader as loader_lib
+from albert_jax.model import flops as flops_lib
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import optimizer as optim
+from albert_jax.training import run_spec
+from albert_jax.training import state as state_lib
+from albert_jax.training import step as step_lib
 
-import step_fixes  # pylint: disable=g-bad-import-order
+import step_fixes  # pylint: disable=g-bad-import-order  # isort: skip
 
 IMPLS = ("jax_adamw", "jax_lamb", "hf_eager", "hf_compile")
 LABELS = {"jax_adamw": "albert_jax AdamW", "jax_lamb": "albert_jax LAMB",
@@ -99,7 +101,8 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int,
 
 
 class JaxRunner:
-  """albert_jax's train step, built as `albert_jax.train` builds it."""
+  """albert_jax's train step, built as `albert_jax.training.pretrain`
+  builds it."""
 
   def __init__(self, size, seq, batch_np, optimizer, dtype, variant="",
                compiler_options=None):
@@ -117,24 +120,24 @@ class JaxRunner:
         section, optimizer=optimizer, batch_size=batch_size,
         max_seq_length=seq, max_predictions=predictions)
     self.config = config
-    self.model_config = ModelConfig.from_dict(config.model)
-    model = models.Albert(self.model_config)
+    spec = run_spec.run_spec(config)
+    self.model_config = spec.model_config
     tx, schedule = optim.make(config)
     self.mesh = sharding_lib.make_mesh(config.mesh)
     self.rules = sharding_lib.rules_for(
         self.mesh, [tuple(r) for r in config.sharding_rules])
     start = time.perf_counter()
-    self.state, shardings = step_lib.create_state(
-        model, tx, self.mesh, self.rules, jax.random.key(config.seed), seq,
-        predictions, compiler_options)
+    self.state, shardings = state_lib.create_state(
+        state_lib.state_init_fn(spec.init_params, tx), tx, self.mesh,
+        self.rules, jax.random.key(config.seed), compiler_options)
     jax.block_until_ready(self.state)
     self.init_seconds = time.perf_counter() - start
     self.batch = jax.device_put(
-        {k: batch_np[k] for k in step_lib.BATCH_KEYS},
+        {k: batch_np[k] for k in loader_lib.BATCH_KEYS},
         sharding_lib.data_sharding(self.mesh))
     step = step_lib.jit_train_step(
-        step_lib.make_train_step(model, tx, schedule), shardings, self.mesh,
-        self.rules)
+        step_lib.make_train_step(spec.objective, tx, schedule), shardings,
+        self.mesh, self.rules)
     # Lowered and compiled ahead of time so that compile time is measured on
     # its own and a patch is in force exactly while the step is traced.
     start = time.perf_counter()

@@ -6,9 +6,10 @@ process builds every implementation (`--impls`) on the same synthetic batch
 and times them side by side:
 
   jax_adamw   albert_jax's train step built the way the trainer builds it:
-              `train_step.create_state`, `make_train_step` and
-              `jit_train_step` on a mesh from `sharding.make_mesh`, with the
-              state donated. The optimizer is albert_jax's AdamW
+              its `RunSpec`, `training.state.create_state`,
+              `make_train_step` and `jit_train_step` on a mesh from
+              `sharding.make_mesh`, with the state donated. The optimizer is
+              albert_jax's AdamW
               (`config.optimizer.name="adamw"`: the official AdamW, no bias
               correction, no decay on LayerNorm and biases, gradients clipped
               at global norm 1), for parity with the torch rows. The step
@@ -51,7 +52,7 @@ threads than free cores torch's OpenMP threads wait for each other at every
 operator, and XLA's thread hand-offs lose time slices, so wall-time ratios
 then measure the scheduler more than the implementations.
 
-FLOPs (`albert_jax.flops`, matmuls only, backward = 2 x forward):
+FLOPs (`albert_jax.model.flops`, matmuls only, backward = 2 x forward):
   job TFLOP/s   the FLOPs of the job both do: the ALBERT recipe, MLM logits
                 at the `--predictions` masked positions only. The same count
                 for every row, so these TFLOP/s compare the same work and
@@ -91,16 +92,19 @@ import time
 import jax
 
 from albert_jax import config_lib
-from albert_jax import metrics as metrics_lib
-from albert_jax.compile_only import FAST_COMPILE_OPTIONS
-from albert_jax.model_config import ModelConfig
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import metrics as metrics_lib
+from albert_jax.training.loop import FAST_COMPILE_OPTIONS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import step_fixes  # noqa: E402
+from step_impls import HFRunner  # noqa: E402
+from step_impls import IMPLS  # noqa: E402
+from step_impls import JaxRunner  # noqa: E402
+from step_impls import LABELS  # noqa: E402
 import step_impls  # noqa: E402
 import step_profile  # noqa: E402
-import step_fixes  # noqa: E402
-from step_impls import IMPLS, LABELS, HFRunner, JaxRunner  # noqa: E402
 
 
 def time_runners(runners: dict, warmup: int, steps: int) -> dict:

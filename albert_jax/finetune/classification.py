@@ -1,0 +1,157 @@
+"""One label per row: the classification/regression head and what it shares.
+
+GLUE (`glue.py`) and the user's own files (`files.py`) differ only in where
+rows come from, how they are scored and which files they write. The head,
+its losses, the per-row predictions and the `[CLS] a [SEP] b [SEP]`
+featurization are the same and live here.
+
+The head follows the official `run_classifier.py`: dropout on the pooled
+[CLS] output, then one dense layer to the logits (one output for
+regression). Its dropout rate is `ModelConfig.classifier_dropout_prob`
+(HF's name; 0.1, the value the official script hard-codes), separate from
+`hidden_dropout_prob`, which the v2 models set to 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax.finetune import task as task_lib
+from albert_jax.model import layers
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import objectives
+
+log = logging.getLogger(__name__)
+
+
+class ClassifierHead(nn.Module):
+  """Dropout → dense on the pooled output.
+
+  Attributes:
+    config: the encoder's config (initializer range, dtypes, dropout).
+    num_outputs: classes, or 1 for regression.
+  """
+  config: ModelConfig
+  num_outputs: int
+
+  @nn.compact
+  def __call__(self, encoded: dict, batch: dict,
+               deterministic: bool) -> dict[str, jax.Array]:
+    """encoded["pooled_output"] [N, H] → {"logits": [N, num_outputs] f32}."""
+    del batch  # the labels are the loss's business, not the head's
+    cfg = self.config
+    x = nn.Dropout(cfg.classifier_dropout_prob)(
+        encoded["pooled_output"], deterministic=deterministic)
+    logits = layers.Dense(
+        (self.num_outputs,), ("embed", "classes"),
+        **cfg.layer_kwargs, name="classifier")(x)
+    return {"logits": logits.astype(jnp.float32)}
+
+
+def squared_error_sums(predictions: jax.Array, labels: jax.Array,
+                       weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted sum of squared errors (the official STS-B loss, in sum form).
+
+  Args:
+    predictions: [N] float.
+    labels: [N] float.
+    weights: [N] float, 0 for padding rows.
+  """
+  err = jnp.square(predictions.astype(jnp.float32) -
+                   labels.astype(jnp.float32))
+  weights = weights.astype(jnp.float32)
+  return {"loss_sum": jnp.sum(jnp.where(weights > 0, err, 0.0) * weights)}
+
+
+class SingleLabelTask(task_lib.Task):
+  """A task with one label per row: classification or regression.
+
+  Subclasses set `num_labels` (ignored for regression) and `regression`
+  and implement loading, scoring and files; features carry "labels" [N]
+  (int32 class ids, or float32 targets for regression).
+  """
+  num_labels: int = 2
+  regression: bool = False
+
+  def head(self, model_config: ModelConfig) -> nn.Module:
+    return ClassifierHead(model_config,
+                          1 if self.regression else self.num_labels)
+
+  def loss_sums(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
+    if self.regression:
+      return squared_error_sums(outputs["logits"][:, 0], batch["labels"],
+                                batch["weights"])
+    sums = objectives.weighted_cross_entropy(
+        outputs["logits"], batch["labels"], batch["weights"])
+    return {"loss_sum": sums["loss_sum"], "correct_sum": sums["correct"]}
+
+  def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
+    """{"prediction": [N]}: the class id (int32) or the regression value."""
+    del batch
+    if self.regression:
+      return {"prediction": outputs["logits"][:, 0]}
+    return {"prediction": jnp.argmax(outputs["logits"], axis=-1).astype(
+        jnp.int32)}
+
+
+def row_predictions(predictions: dict, split: task_lib.Split) -> np.ndarray:
+  """predictions["prediction"] as a host array, checked against the split."""
+  if "prediction" not in predictions:
+    raise ValueError(f"No 'prediction' among the predictions of split "
+                     f"{split.name!r} (got {sorted(predictions)}).")
+  pred = np.asarray(predictions["prediction"])
+  if pred.shape != (split.num_rows,):
+    raise ValueError(
+        f"Split {split.name!r} has {split.num_rows} rows but the predictions "
+        f"have shape {pred.shape}; pass one prediction per row, in row order, "
+        "with the padding rows removed.")
+  return pred
+
+
+def encode_texts(tokenizer, texts_a: Sequence[str],
+                 texts_b: Optional[Sequence[str]],
+                 max_seq_length: int) -> dict[str, np.ndarray]:
+  """`[CLS] a [SEP] (b [SEP])` for every row, padded to one length.
+
+  Args:
+    tokenizer: an `albert_jax.text.tokenizer.Tokenizer`.
+    texts_a: N first texts.
+    texts_b: N second texts, or None for single-sentence tasks.
+    max_seq_length: T; longer pairs are cut longest-first (HF's rule).
+
+  Returns:
+    "input_ids", "token_type_ids", "attention_mask": int32 [N, T]; padding
+    positions hold `tokenizer.pad_id`, type 0 and mask 0.
+  """
+  if tokenizer.pad_id is None:
+    raise ValueError(f"The tokenizer ({tokenizer.path or 'in memory'}) has "
+                     "no <pad>/[PAD] piece to pad rows with; use an "
+                     "ALBERT/BERT vocabulary.")
+  if texts_b is not None and len(texts_b) != len(texts_a):
+    raise ValueError(f"{len(texts_a)} first texts but {len(texts_b)} second "
+                     "texts.")
+  n = len(texts_a)
+  out = {"input_ids": np.full((n, max_seq_length), tokenizer.pad_id,
+                              np.int32),
+         "token_type_ids": np.zeros((n, max_seq_length), np.int32),
+         "attention_mask": np.zeros((n, max_seq_length), np.int32)}
+  full = 0
+  for i in range(n):
+    enc = tokenizer.encode_pair(texts_a[i],
+                                None if texts_b is None else texts_b[i],
+                                max_seq_length)
+    length = len(enc["input_ids"])
+    full += length == max_seq_length
+    for key in out:
+      out[key][i, :length] = enc[key]
+  if full:
+    # Most such rows were cut; a large share suggests a longer max_seq_length.
+    log.info("%d of %d rows fill all %d positions (texts truncated "
+             "longest-first).", full, n, max_seq_length)
+  return out

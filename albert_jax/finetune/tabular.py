@@ -1,0 +1,335 @@
+"""Labelled data files: reading and writing TSV, CSV and JSONL tables, and
+cutting one file into stratified train/eval/test files.
+
+Formats go by extension, each optionally gzipped (`.gz`):
+  .tsv   a header row, then one row per line, fields split on TAB, no quoting
+         (the GLUE convention: fields never hold TAB or newline).
+  .csv   RFC 4180 (Excel) quoting; quoted fields may hold commas, quotes and
+         newlines.
+  .jsonl one JSON object per line.
+Files are UTF-8 (a BOM is allowed); blank lines are skipped. A row's index is
+its 0-based position among the data rows (header and blank lines excluded).
+
+`split_file` (and `python -m albert_jax.finetune.tabular split IN OUT_DIR`)
+cuts one labelled file into stratified train/eval/test files of its format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import gzip
+import io
+import json
+import math
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+FORMATS = (".tsv", ".csv", ".jsonl")
+
+
+class FileFormatError(ValueError):
+  """A data file that cannot be read as the task needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """A data file's rows.
+
+  Attributes:
+    path: the file.
+    columns: column names (JSONL: the first object's keys).
+    rows: one dict per data row, column → value (str for TSV/CSV).
+    lines: [len(rows)] the 1-based line each row starts on.
+    has_header: whether the file's first row named the columns.
+  """
+  path: str
+  columns: tuple[str, ...]
+  rows: list[dict[str, Any]]
+  lines: list[int]
+  has_header: bool = True
+
+
+def file_format(path: str) -> str:
+  """".tsv", ".csv" or ".jsonl" from the name (after a ".gz")."""
+  base = path[:-3] if path.endswith(".gz") else path
+  ext = os.path.splitext(base)[1].lower()
+  if ext not in FORMATS:
+    raise FileFormatError(f"{path}: unknown format {ext or '(none)'!r}; name "
+                          f"the file *{', *'.join(FORMATS)} (optionally .gz).")
+  return ext
+
+
+def _lines(path: str):
+  """Yields (line number, text) with strict UTF-8 decoding line by line, so
+  a bad byte is reported where it is."""
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rb") as f:
+      for number, raw in enumerate(f, 1):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+          raw = raw[3:]
+        try:
+          yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise FileFormatError(
+              f"{path}, line {number}: bytes {raw[e.start:e.end]!r} at "
+              f"byte {e.start + 1} of the line are not UTF-8. Re-save the "
+              "file as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+  except (gzip.BadGzipFile, EOFError) as e:
+    raise FileFormatError(f"{path}: not a complete gzip file ({e}).") from None
+
+
+def _records(path: str, ext: str):
+  """Yields (line number, fields) per non-blank record: a list of str for
+  TSV/CSV, a dict for JSONL."""
+  if ext == ".tsv":
+    for number, text in _lines(path):
+      text = text.rstrip("\r\n")
+      if text:
+        yield number, text.split("\t")
+  elif ext == ".jsonl":
+    for number, text in _lines(path):
+      if not text.strip():
+        continue
+      try:
+        obj = json.loads(text)
+      except json.JSONDecodeError as e:
+        raise FileFormatError(f"{path}, line {number}: invalid JSON ({e.msg} "
+                              f"at column {e.colno}); write one JSON object "
+                              "per line.") from None
+      if not isinstance(obj, dict):
+        raise FileFormatError(f"{path}, line {number}: a JSON "
+                              f"{type(obj).__name__}, not an object; write "
+                              'one {"column": value, ...} object per line.')
+      yield number, obj
+  else:
+    lines = _lines(path)
+    reader = csv.reader((text for _, text in lines))
+    end = 0
+    while True:
+      try:
+        row = next(reader)
+      except StopIteration:
+        return
+      except csv.Error as e:
+        raise FileFormatError(
+            f"{path}, line {reader.line_num}: {e}. Quote fields that hold "
+            "commas, quotes or newlines; for very long texts use TSV or "
+            "JSONL.") from None
+      start, end = end + 1, reader.line_num
+      if row:
+        yield start, row
+
+
+def read_table(path: str, header: Optional[Sequence[str]] = None,
+               what: str = "data file") -> Table:
+  """Reads a TSV/CSV/JSONL(.gz) file into rows (see the module docstring).
+
+  Args:
+    path: the file.
+    header: column names by position for a TSV/CSV without a header row.
+    what: how errors name the file ("data.train_file").
+
+  Raises:
+    FileFormatError: missing or empty file, bad bytes, ragged rows, ...
+  """
+  path = os.fspath(path)
+  ext = file_format(path)
+  if not os.path.isfile(path):
+    raise FileFormatError(f"{what} {path!r} does not exist; check the path "
+                          f"(relative paths start at {os.getcwd()}).")
+  if header is not None and ext == ".jsonl":
+    raise FileFormatError(f"{what} {path}: data.header is for TSV/CSV files "
+                          "without a header row; JSONL rows name their "
+                          "fields. Remove data.header.")
+  records = _records(path, ext)
+  columns = None if header is None else tuple(header)
+  if header is None and ext != ".jsonl":
+    first = next(records, None)
+    if first is None:
+      raise FileFormatError(f"{what} {path} is empty.")
+    columns = tuple(first[1])
+  if columns is not None and len(set(columns)) != len(columns):
+    dupes = sorted({c for c in columns if columns.count(c) > 1})
+    raise FileFormatError(f"{what} {path}: duplicate column names {dupes}; "
+                          "name every column differently.")
+  rows, lines = [], []
+  for number, fields in records:
+    if isinstance(fields, dict):
+      columns = columns or tuple(fields)
+      rows.append(fields)
+    elif len(fields) != len(columns):
+      raise FileFormatError(
+          f"{what} {path}, line {number}: {len(fields)} fields, but there "
+          f"are {len(columns)} columns ({', '.join(columns)}). "
+          + ("TSV fields may not contain TAB characters; " if ext == ".tsv"
+             else "quote fields that contain commas; ")
+          + "if the file has no header row, name its columns in data.header.")
+    else:
+      rows.append(dict(zip(columns, fields)))
+    lines.append(number)
+  if not rows:
+    raise FileFormatError(
+        f"{what} {path} " + ("has no data rows below its header."
+                             if header is None and ext != ".jsonl"
+                             else "is empty."))
+  return Table(path, columns, rows, lines, has_header=header is None)
+
+
+def label_key(value: Any) -> str:
+  """A label as the string that identifies it: JSON 1 and TSV "1" agree."""
+  return value if isinstance(value, str) else json.dumps(value)
+
+
+def sorted_labels(keys) -> list[str]:
+  """The distinct label keys (see `label_key`) in their canonical order:
+  numeric when every label is an integer, else string order."""
+  keys = sorted(set(keys))
+  try:
+    return sorted(keys, key=int)
+  except ValueError:
+    return keys
+
+
+def column(table: Table, name: str, what: str) -> list[Any]:
+  """A column's values; a missing column is an error listing those found."""
+  if name not in table.columns:
+    raise FileFormatError(
+        f"{what} {table.path} has no column {name!r}; its columns are "
+        f"{list(table.columns)}. Fix the column name in the config"
+        + ("." if table.has_header else " or data.header."))
+  values = []
+  for row, line in zip(table.rows, table.lines):
+    if name not in row:  # JSONL objects need not share keys
+      raise FileFormatError(f"{what} {table.path}, line {line}: no field "
+                            f"{name!r}; every JSON object needs one.")
+    values.append(row[name])
+  return values
+
+
+# Splitting one labelled file into train/eval/test.
+
+
+def _apportion(n: int, fractions: Sequence[float]) -> list[int]:
+  """Largest-remainder rounding of n·fractions to integers summing to n."""
+  exact = [f * n for f in fractions]
+  counts = [math.floor(e) for e in exact]
+  by_remainder = sorted(range(len(exact)),
+                        key=lambda i: (counts[i] - exact[i], i))
+  for i in by_remainder[:n - sum(counts)]:
+    counts[i] += 1
+  return counts
+
+
+def write_table(path: str, table: Table) -> None:
+  """Writes rows in the format `path` names (gzip with mtime 0, so the same
+  rows give the same bytes)."""
+  ext = file_format(path)
+  if ext == ".jsonl":
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in table.rows]
+  elif ext == ".tsv":
+    lines = (["\t".join(table.columns) + "\n"] if table.has_header else [])
+    lines += ["\t".join(r[c] for c in table.columns) + "\n"
+              for r in table.rows]
+  else:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if table.has_header:
+      writer.writerow(table.columns)
+    writer.writerows([r[c] for c in table.columns] for r in table.rows)
+    lines = [out.getvalue()]
+  data = "".join(lines).encode("utf-8")
+  if path.endswith(".gz"):
+    data = gzip.compress(data, mtime=0)
+  with open(path, "wb") as f:
+    f.write(data)
+
+
+def split_file(path: str, out_dir: str,
+               fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0,
+               *, label_column: str = "label",
+               header: Optional[Sequence[str]] = None) -> dict[str, dict]:
+  """Cuts a labelled file into train/eval/test files, stratified by label.
+
+  Each label's rows are shuffled with `seed` and dealt out by `fractions`
+  (largest-remainder rounding), so every split keeps the label balance;
+  rows keep their original order within a file. Same input and seed, same
+  output bytes.
+
+  Args:
+    path: a TSV/CSV/JSONL(.gz) file.
+    out_dir: where train/eval/test.<same extension> go.
+    fractions: train, eval and test shares, each > 0, summing to 1.
+    seed: the shuffle's seed.
+    label_column: the column to stratify by.
+    header: column names for a TSV/CSV without a header row (the outputs
+      then have none either).
+
+  Returns:
+    split → {"path": str, "rows": int, "labels": {label: rows}}.
+  """
+  fractions = tuple(float(f) for f in fractions)
+  if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+    raise ValueError(f"fractions={fractions}: give three positive shares "
+                     "(train, eval, test) that sum to 1.")
+  table = read_table(path, header, "split_file input")
+  keys = [label_key(v) for v in column(table, label_column,
+                                       "split_file input")]
+  groups: dict[str, list[int]] = {}
+  for i, key in enumerate(keys):
+    groups.setdefault(key, []).append(i)
+  rng = np.random.default_rng(seed)
+  parts: list[list[int]] = [[], [], []]
+  for key in sorted_labels(groups):
+    members = rng.permutation(groups[key])
+    start = 0
+    for part, count in zip(parts, _apportion(len(members), fractions)):
+      part.extend(int(m) for m in members[start:start + count])
+      start += count
+  suffix = file_format(path) + (".gz" if path.endswith(".gz") else "")
+  os.makedirs(out_dir, exist_ok=True)
+  result = {}
+  for name, part in zip(("train", "eval", "test"), parts):
+    part.sort()
+    out = os.path.join(out_dir, name + suffix)
+    write_table(out, dataclasses.replace(
+        table, path=out, rows=[table.rows[i] for i in part],
+        lines=[table.lines[i] for i in part]))
+    counts = {k: 0 for k in sorted_labels(groups)}
+    for i in part:
+      counts[keys[i]] += 1
+    result[name] = {"path": out, "rows": len(part), "labels": counts}
+  return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI: `split IN OUT_DIR` writes stratified train/eval/test files."""
+  parser = argparse.ArgumentParser(prog="python -m albert_jax.finetune.tabular")
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("split", help="stratified train/eval/test files")
+  p.add_argument("input")
+  p.add_argument("out_dir")
+  p.add_argument("--fractions", default="0.8,0.1,0.1")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--label_column", default="label")
+  args = parser.parse_args(argv)
+  try:
+    result = split_file(args.input, args.out_dir,
+                        [float(f) for f in args.fractions.split(",")],
+                        args.seed, label_column=args.label_column)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for name, info in result.items():
+    shares = ", ".join(f"{k} {v}" for k, v in info["labels"].items())
+    print(f"{info['path']}: {info['rows']} rows ({shares})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,395 @@
+"""`load_pretrained`: one call from a checkpoint directory to a usable model.
+
+Accepts:
+  * a directory written by transformers' `save_pretrained` for ALBERT
+    (`AlbertForPreTraining`, `AlbertForMaskedLM`, `AlbertModel`), BERT
+    (`BertForPreTraining`, `BertForMaskedLM`, `BertForNextSentencePrediction`,
+    `BertModel`), RoBERTa (`RobertaForMaskedLM`, `RobertaModel`) or ELECTRA
+    (`ElectraForPreTraining`, `ElectraForMaskedLM`, `ElectraModel`). Weights
+    are read from safetensors; nothing is ever unpickled (see
+    `albert_jax.interop.hf_files`).
+  * a google-research/albert TF1 release directory (`albert_config.json`,
+    `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
+  * an albert_jax training workdir (the trainer's `config.json` and
+    `checkpoints/`).
+
+`Pretrained.to_hf` writes any of the HF layouts back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax.interop import CheckpointError
+from albert_jax.interop import hf
+from albert_jax.interop import tensor_map
+from albert_jax.interop import tf_checkpoint
+from albert_jax.interop import workdir as workdir_lib
+from albert_jax.interop.hf_files import read_state_dict
+from albert_jax.model import albert as albert_lib
+from albert_jax.model.config import ModelConfig
+
+__all__ = ["Pretrained", "load_pretrained", "read_state_dict"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded model: its config, parameters, tokenizer and a forward call.
+
+  Attributes:
+    config: the model section as an ml-collections ConfigDict.
+    model_config: the same as a frozen ModelConfig.
+    params: parameter pytree (NumPy or jax arrays).
+    tokenizer: the checkpoint's tokenizer, or None where it has no
+      vocabulary file.
+    heads: the heads the checkpoint holds, of ("mlm", "sop", "rtd").
+    pooler: whether it holds the [CLS] pooler.
+    missing: parts the checkpoint's family can hold but this checkpoint
+      lacks, by name (never filled randomly).
+    step: the training step of a workdir or TF checkpoint; None for HF
+      directories.
+    model_type: the HF family the weights came from ("albert", "bert",
+      "roberta", "electra"), which `to_hf` writes by default; None for a
+      workdir, whose family follows from its config.
+  """
+  config: Any
+  model_config: ModelConfig
+  params: Any
+  tokenizer: Any = None
+  heads: tuple[str, ...] = ()
+  pooler: bool = True
+  missing: tuple[str, ...] = ()
+  step: int | None = None
+  model_type: str | None = None
+
+  def __post_init__(self):
+    self.params = _unbox(self.params)
+    self.heads = tuple(self.heads)
+    self.module = albert_lib.Albert(self.model_config, pooler=self.pooler,
+                                heads=self.heads)
+
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
+    """Forward pass.
+
+    Args:
+      input_ids: [B, T] int.
+      token_type_ids: [B, T] int, default zeros.
+      attention_mask: [B, T], 1 = token, 0 = padding; default all ones.
+
+    Returns:
+      dict of "sequence_output" [B, T, H] and, where the checkpoint has them,
+      "pooled_output" [B, H], "mlm_logits" [B, T, V], "sop_logits" [B, 2],
+      "rtd_logits" [B, T], "lm_logits" [B, T, V] (a causal model's scores
+      for each next token).
+    """
+    ids = jnp.asarray(input_ids, jnp.int32)
+    tt = (jnp.zeros_like(ids) if token_type_ids is None
+          else jnp.asarray(token_type_ids, jnp.int32))
+    mask = (jnp.ones_like(ids) if attention_mask is None
+            else jnp.asarray(attention_mask, jnp.int32))
+    return _forward(self.model_config, self.pooler, self.heads, self.params,
+                    ids, tt, mask)
+
+  def fill_mask(self, text: str, top_k: int = 5) -> dict[str, Any]:
+    """Predicts the tokens behind each "[MASK]" in `text` with the MLM head.
+
+    The text is split on the mask marker ("[MASK]", or the vocabulary's own
+    mask piece such as "<mask>"); the pieces between markers are encoded one
+    by one and the mask id put between them, inside `[CLS] ... [SEP]`. So a
+    marker always stands for exactly one token, and a marker inside a word
+    ends that word (the text after it starts a new one). One forward pass
+    gives every mask's distribution over the whole vocabulary, special
+    tokens included; the input is padded to a multiple of 32 tokens, so
+    texts of similar length reuse one compiled forward.
+
+    Args:
+      text: one text with one or more mask markers.
+      top_k: how many candidates to return per mask, 1 to the vocabulary
+        size.
+
+    Returns:
+      dict of
+        "predictions": one list per mask, in text order, of top_k
+          (token piece, probability) pairs, most probable first.
+        "token_ids": [num_masks, top_k] int the candidates' ids.
+        "probabilities": [num_masks, top_k] float32 their softmax
+          probabilities (float32 softmax of the MLM logits).
+        "positions": [num_masks] int the masks' indices in "input_ids".
+        "input_ids": [T] int the encoded input, [CLS] and [SEP] included.
+        "filled_text": the input with every mask replaced by its most
+          probable token, decoded (so normalised as the tokenizer
+          normalises, e.g. lower-cased for ALBERT; special tokens dropped).
+
+    Raises:
+      ValueError: the model is causal, the checkpoint has no MLM head or no
+        tokenizer, its vocabulary has no mask, [CLS] or [SEP] piece, the
+        text has no mask marker, the input is longer than the model's
+        positions, or top_k is out of range.
+    """
+    if self.model_config.causal:
+      raise ValueError(
+          "fill_mask predicts a masked token from the text on both sides, "
+          "and this model is causal (GPT-style): it reads left to right and "
+          "was trained to predict the next token. Call the model instead: "
+          "its 'lm_logits'[:, t] score the token after position t.")
+    if "mlm" not in self.heads:
+      raise ValueError(
+          "fill_mask needs a masked-LM head, and this checkpoint has none "
+          f"(heads: {self.heads}; missing: {self.missing}). Load a "
+          "checkpoint that holds one, e.g. an HF *ForMaskedLM or "
+          "*ForPreTraining directory, an official ALBERT release or an "
+          "albert_jax pre-training workdir.")
+    ids, positions = self._mask_input_ids(text)
+    vocab = self.model_config.vocab_size
+    if (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+        or not 1 <= top_k <= vocab):
+      raise ValueError(f"top_k must be an integer from 1 to the vocabulary "
+                       f"size {vocab}; got {top_k!r}.")
+    # Padded to a multiple of 32 tokens so texts of similar length share one
+    # compiled forward; padded keys get no attention, so the real tokens'
+    # logits are those of the unpadded input.
+    length = min(-(-len(ids) // 32) * 32,
+                 self.model_config.max_position_embeddings)
+    batch = np.full((1, length), self.tokenizer.pad_id or 0, np.int32)
+    batch[0, :len(ids)] = ids
+    mask = (np.arange(length) < len(ids)).astype(np.int32)[None]
+    logits = self(batch, None, mask)["mlm_logits"][0, positions]
+    probs = np.asarray(jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
+    # Stable sort so ties keep the lower id first, as torch.topk does on CPU.
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    top_probs = np.take_along_axis(probs, top, axis=-1)
+    tok = self.tokenizer
+    predictions = [[(tok.id_to_piece(i), float(p)) for i, p in zip(row, pr)]
+                   for row, pr in zip(top.tolist(), top_probs)]
+    filled = np.asarray(ids)
+    filled[positions] = top[:, 0]
+    return {"predictions": predictions, "token_ids": top,
+            "probabilities": top_probs, "positions": positions,
+            "input_ids": np.asarray(ids),
+            "filled_text": tok.decode(filled[1:-1])}
+
+  def _mask_input_ids(self, text: str) -> tuple[list[int], np.ndarray]:
+    """`[CLS] text [SEP]` ids with each mask marker as the mask id, and the
+    masks' positions [num_masks]."""
+    tok = self.tokenizer
+    if tok is None:
+      raise ValueError(
+          "fill_mask needs the checkpoint's tokenizer, and this one has no "
+          "vocabulary file; set `.tokenizer = Tokenizer.from_file(...)` "
+          "(albert_jax.text.tokenizer) to its spiece.model, vocab.txt or "
+          "tokenizer.json first.")
+    mask_id = tok.mask_id
+    if mask_id is None:  # RoBERTa-style vocabularies spell it "<mask>".
+      i = tok.piece_to_id("<mask>")
+      mask_id = i if i is not None and tok.id_to_piece(i) == "<mask>" else None
+    if mask_id is None or tok.cls_id is None or tok.sep_id is None:
+      raise ValueError(
+          f"The tokenizer ({tok.path or 'in memory'}) lacks a mask, [CLS] or "
+          "[SEP] piece (ids: mask "
+          f"{mask_id}, cls {tok.cls_id}, sep {tok.sep_id}), so it cannot "
+          "build masked-LM inputs; use the checkpoint's own ALBERT/BERT "
+          "vocabulary.")
+    if not isinstance(text, str):
+      raise ValueError(f"fill_mask takes one text (str); got "
+                       f"{type(text).__name__}.")
+    piece = tok.id_to_piece(mask_id)
+    markers = sorted({"[MASK]", piece}, key=len, reverse=True)
+    parts = re.split("|".join(map(re.escape, markers)), text)
+    if len(parts) == 1:
+      raise ValueError(
+          f"The text has no mask marker: write {piece!r} where a token should "
+          f"be predicted, e.g. 'The capital of France is {piece}.'; got "
+          f"{text!r}.")
+    ids, positions = [tok.cls_id], []
+    for i, part in enumerate(parts):
+      if i:
+        positions.append(len(ids))
+        ids.append(mask_id)
+      ids += tok.encode(part)
+    ids.append(tok.sep_id)
+    limit = self.model_config.max_position_embeddings
+    if len(ids) > limit:
+      raise ValueError(
+          f"The text encodes to {len(ids)} tokens with [CLS] and [SEP], more "
+          f"than the model's {limit} positions; shorten it.")
+    return ids, np.asarray(positions, np.int64)
+
+  def to_hf(self, path: str, model_type: str | None = None) -> None:
+    """Writes an HF checkpoint directory that `from_pretrained` loads.
+
+    The directory holds config.json, model.safetensors in the parameters'
+    dtype with tied tensors omitted, and the tokenizer's files if there is a
+    tokenizer. The architecture follows from the family and the heads, e.g.
+    AlbertForPreTraining, BertForMaskedLM, RobertaModel or
+    ElectraForPreTraining.
+
+    Args:
+      path: directory to write; created if needed.
+      model_type: the family to write; default the one loaded from, else the
+        one the config's structure implies (share="all" with a projection is
+        ALBERT; share="none" is BERT, RoBERTa with positions from padding,
+        ELECTRA with a projection or the "rtd" head).
+
+    Raises:
+      ValueError: the model has no equivalent in that family (the message
+        says why); a causal model has none in any of them.
+    """
+    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+    cfg = self.model_config
+    if cfg.causal:
+      raise ValueError(
+          "This model is causal (GPT-style); the HF ALBERT, BERT, RoBERTa "
+          "and ELECTRA classes attend in both directions, so a checkpoint "
+          "written for them would silently run a different model.")
+    model_type = (model_type or self.model_type
+                  or hf.infer_model_type(cfg, self.heads))
+    params = jax.tree.map(np.asarray, self.params)
+    state = hf.params_to_hf(params, cfg, model_type)
+    parts = {h: h in params for h in ("pooler", "mlm", "sop", "rtd")}
+    arch = hf.architecture_for(parts, model_type)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hf.config_to_hf(cfg, model_type, arch), f, indent=2)
+    save_file(state, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    if self.tokenizer is not None:
+      self.tokenizer.save(path)
+
+
+# One compiled forward per (config, parts, shapes), shared by every model
+# loaded with them.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _forward(cfg: ModelConfig, pooler: bool, heads: tuple[str, ...], params,
+             ids, token_type_ids, attention_mask):
+  module = albert_lib.Albert(cfg, pooler=pooler, heads=heads)
+  return module.apply({"params": params}, ids, token_type_ids, attention_mask)
+
+
+def _unbox(tree):
+  """Strips logical-partitioning boxes, leaving arrays (or shapes)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(tree)
+
+
+def _to_config_dict(cfg: ModelConfig):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  return ml_collections.ConfigDict(cfg.to_dict())
+
+
+def load_pretrained(path: str, step: int | None = None,
+                    **overrides) -> Pretrained:
+  """Loads a checkpoint directory.
+
+  Args:
+    path: an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
+      ELECTRA), a google-research/albert TF release directory, or an
+      albert_jax training workdir (its config.json and checkpoints/).
+    step: for a workdir, the checkpoint step to read (default: the newest
+      readable one); for a TF release, read `model.ckpt-{step}` (default:
+      the only checkpoint, else `model.ckpt-best`, else the newest).
+    **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
+      attention_impl="xla"; shape-defining fields must match the weights.
+      One more keyword applies to ELECTRA training workdirs only:
+      electra_part="discriminator" (the default; HF's
+      ElectraForPreTraining, heads ("rtd",)) or "generator" (its masked LM,
+      ElectraForMaskedLM, heads ("mlm",)). The run stores both over one
+      embedding table; the part's parameters are taken from it. An HF
+      ELECTRA directory holds one part already and takes no electra_part.
+
+  Returns:
+    A `Pretrained`. Heads the checkpoint lacks are listed in `.missing` and
+    logged; they are never initialised randomly behind the user's back.
+
+  Raises:
+    CheckpointError: not a checkpoint directory, an unsupported model type,
+      unreadable weights, a workdir without checkpoints, a config whose
+      shapes differ from the weights' (the message lists the mismatched
+      tensors), or electra_part for anything but an ELECTRA workdir.
+  """
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{path} is not a directory.")
+  workdir_config = workdir_lib.read_workdir_config(path)
+  if workdir_config is not None:
+    loaded = workdir_lib.load(path, workdir_config, step, overrides)
+    return Pretrained(config=_to_config_dict(loaded["model_config"]),
+                      **loaded)
+  if "electra_part" in overrides:
+    raise CheckpointError(
+        f"electra_part={overrides['electra_part']!r} applies to ELECTRA "
+        f"training workdirs only (an albert_jax workdir of a "
+        f"pretraining='electra' run, which stores generator and "
+        f"discriminator together); {path} is not a training workdir. An HF "
+        "ELECTRA directory holds one part already (ElectraForPreTraining: "
+        "the discriminator, ElectraForMaskedLM: the generator): load it "
+        "without electra_part.")
+  if tf_checkpoint.is_release_dir(path):
+    loaded = tf_checkpoint.load(path, step, overrides)
+    return _finish(path, "albert", **loaded)
+  if step is not None:
+    raise CheckpointError(
+        f"step={step} applies to albert_jax training workdirs and TF "
+        f"checkpoints; {path} is neither (it has no trainer config.json with "
+        f"checkpoints/ and no {tf_checkpoint.CONFIG_FILE}).")
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise CheckpointError(
+        f"{path} has no config.json; expected a directory written by "
+        "transformers' save_pretrained, or an official ALBERT release "
+        f"with {tf_checkpoint.CONFIG_FILE}.")
+  note = f" (with overrides {overrides})" if overrides else ""
+  try:
+    hf_config = hf.read_config(path)
+    model_type = hf.model_type_of(hf_config)
+    cfg = hf.config_from_hf(hf_config)
+    if overrides:
+      cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
+  state = read_state_dict(path)
+  try:
+    params, parts = hf.params_from_hf(state, cfg, model_type)
+  except ValueError as e:
+    raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
+  return _finish(path, model_type, model_config=cfg, params=params,
+                 parts=parts, step=None, source=f"Checkpoint {path}")
+
+
+def _finish(path: str, model_type: str, *, model_config: ModelConfig,
+            params, parts, step, source: str) -> Pretrained:
+  """Checks converted weights against the model and builds `Pretrained`."""
+  cfg = model_config
+  if parts["sop"] and not parts["pooler"]:
+    raise CheckpointError(
+        f"{source} has a sentence-order head but no pooler, which that head "
+        "reads; it is not a layout transformers writes.")
+  heads = tuple(h for h in albert_lib.ALL_HEADS if parts.get(h))
+  expected = albert_lib.abstract_params(cfg, parts["pooler"], heads)
+  tensor_map.check_shapes(params, expected, source)
+  missing = tuple(p for p in hf.PARTS[model_type] if not parts[p])
+  if missing:
+    log.warning("%s has no weights for %s; those outputs are not produced "
+                "(nothing is initialised randomly).", path, ", ".join(missing))
+  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
+  return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
+                    params=params, tokenizer=_tokenizer(path), heads=heads,
+                    pooler=parts["pooler"], missing=missing, step=step,
+                    model_type=model_type)
+
+
+def _tokenizer(path: str):
+  """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt,
+  *.model), or None."""
+  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  return Tokenizer.find_in(path)

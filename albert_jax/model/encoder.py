@@ -1,0 +1,272 @@
+"""The encoder every model in the family shares: embeddings and a scanned
+stack of post-LN blocks.
+
+Layer parameters live in two stacks, `encoder/attention` and `encoder/ffn`,
+each with a leading `layers` axis holding as many copies as the sharing
+strategy stores (1 for ALBERT, L for BERT). A single `nn.scan` walks the
+applied blocks: an unshared stack is scanned over (slice i for block i), a
+shared stack is broadcast to every iteration and indexed by the official
+group mapping. Depth therefore never unrolls into the graph, and BERT is
+`share="none"` of the same code.
+
+Shapes: B batch, T sequence, H hidden, E embedding.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax.model import layers
+from albert_jax.model.config import ModelConfig
+from albert_jax.ops import attention as attention_ops
+
+
+def _constrain(x, names):
+  """Activation sharding by logical name; `act_*` names have their own rules
+  so an activation's hidden axis is not split the way a weight's is."""
+  return nn.with_logical_constraint(x, tuple(f"act_{n}" for n in names))
+
+
+class Embeddings(nn.Module):
+  """word + position + token type → LayerNorm → dropout, all of width E."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    kw = cfg.layer_kwargs
+    self.word_embeddings = layers.Embed(
+        cfg.vocab_size, cfg.embedding_size, axes=("vocab", "embedding"), **kw)
+    self.position_embeddings = layers.Embed(
+        cfg.max_position_embeddings, cfg.embedding_size,
+        axes=("position", "embedding"), **kw)
+    self.token_type_embeddings = layers.Embed(
+        cfg.type_vocab_size, cfg.embedding_size,
+        axes=("token_type", "embedding"), **kw)
+    self.layer_norm = layers.LayerNorm(axis_name="embedding", **cfg.norm_kwargs)
+    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+  def __call__(self, input_ids, token_type_ids, position_ids, deterministic):
+    """[B, T] ids → [B, T, E]."""
+    x = self.word_embeddings(input_ids)
+    x = x + self.position_embeddings(position_ids)
+    x = x + self.token_type_embeddings(token_type_ids)
+    x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    return _constrain(x, ("batch", "length", "embedding"))
+
+  def attend(self, x):
+    """[..., E] → [..., V] against the word embedding table."""
+    return self.word_embeddings.attend(x)
+
+
+class AttentionBlock(nn.Module):
+  """Self-attention → dense → dropout → residual + LayerNorm (post-LN)."""
+  config: ModelConfig
+
+  @nn.nowrap
+  def project_qkv(self, x):
+    """[B, T, H] → query, key, value [B, T, N, D]: three `layers.Dense`
+    named "query", "key" and "value".
+
+    A seam for experiments/benchmarks/step_fixes.py, which replaces it on
+    the class while a step is traced to time other ways of computing the
+    same three from the same parameters. Not wrapped by Flax: it runs as
+    part of `__call__`, with the same names and ops as if written there.
+    """
+    cfg = self.config
+    kw = cfg.layer_kwargs
+    heads = (cfg.num_attention_heads, cfg.head_dim)
+    qkv_axes = ("embed", "heads", "kv")
+    q = layers.Dense(heads, qkv_axes, name="query", **kw)(x)
+    k = layers.Dense(heads, qkv_axes, name="key", **kw)(x)
+    v = layers.Dense(heads, qkv_axes, name="value", **kw)(x)
+    return q, k, v
+
+  @nn.compact
+  def __call__(self, x, segment_ids, deterministic):
+    """[B, T, H] → [B, T, H]; `segment_ids` [B, T], 0 = padding."""
+    cfg = self.config
+    kw = cfg.layer_kwargs
+    q, k, v = (_constrain(t, ("batch", "length", "heads", "kv"))
+               for t in self.project_qkv(x))
+    dropout = cfg.attention_probs_dropout_prob
+    needs_rng = not deterministic and dropout > 0.0
+    context = attention_ops.dot_product_attention(
+        q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
+        dropout_rng=self.make_rng("dropout") if needs_rng else None,
+        deterministic=deterministic, impl=cfg.attention_impl,
+        causal=cfg.causal)
+    y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
+                     name="output", **kw)(context)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(**cfg.norm_kwargs,
+                         name="layer_norm")(x + y)
+    return _constrain(y, ("batch", "length", "embed"))
+
+
+class FFNBlock(nn.Module):
+  """dense → activation → dense → dropout → residual + LayerNorm."""
+  config: ModelConfig
+  # Whether the backward pass recomputes the activation (see `__call__`).
+  # False only to measure the difference (experiments/benchmarks/
+  # step_fixes.py sets it on the class while a step is traced).
+  recompute_activation: ClassVar[bool] = True
+
+  @nn.compact
+  def __call__(self, x, deterministic):
+    """[B, T, H] → [B, T, H]."""
+    cfg = self.config
+    kw = cfg.layer_kwargs
+    y = layers.Dense((cfg.intermediate_size,), ("embed", "mlp"),
+                     name="intermediate", **kw)(x)
+    y = _constrain(y, ("batch", "length", "mlp"))
+    output = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
+                          **kw)
+    act = layers.activation(cfg.hidden_act)
+    # The activation is recomputed in the backward pass (one elementwise op)
+    # so that only its input is kept, not also its output, which the output
+    # matmul's weight gradient would otherwise hold: one [B, T, F] array per
+    # layer instead of two. The matmul itself is not redone (its result is
+    # not needed backwards).
+    if self.recompute_activation:
+      y = nn.checkpoint(lambda module, h: module(act(h)), prevent_cse=False)(
+          output, y)
+    else:
+      y = output(act(y))
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layers.LayerNorm(**cfg.norm_kwargs,
+                         name="layer_norm")(x + y)
+    return _constrain(y, ("batch", "length", "embed"))
+
+
+def _stack_init(block: nn.Module, copies: int, hidden_size: int):
+  """Initialiser for `copies` independent sets of `block`'s parameters.
+
+  Returns a pytree whose leaves carry a leading `layers` axis of size
+  `copies`, with that axis added to their logical names.
+  """
+  def init(rng):
+    dummy = jnp.zeros((1, 1, hidden_size), jnp.float32)
+    def one(key):
+      args = (dummy, None, True) if isinstance(block, AttentionBlock) else (
+          dummy, True)
+      return block.init(key, *args)["params"]
+    stacked = jax.vmap(one)(jax.random.split(rng, copies))
+    return nn.meta.add_axis(stacked, 0, {nn.PARTITION_NAME: "layers"})
+  return init
+
+
+class _Step(nn.Module):
+  """One applied block (attention then FFN) with its parameters handed in."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, h, xs, shared, segment_ids, deterministic):
+    cfg = self.config
+    step_params, copy_index = xs
+    params = {}
+    for name in ("attention", "ffn"):
+      if name in shared:
+        stack = shared[name]
+        if cfg.num_copies(name) == 1:
+          params[name] = jax.tree.map(lambda p: p[0], stack)
+        else:
+          params[name] = jax.tree.map(
+              lambda p, i=copy_index[name]: jax.lax.dynamic_index_in_dim(
+                  p, i, keepdims=False), stack)
+      else:
+        params[name] = step_params[name]
+    # Like nn.Dropout, ask for an rng only when some rate is non-zero, so a
+    # dropout-free model runs with deterministic=False and no rngs.
+    needs_rng = not deterministic and (
+        cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0)
+    rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
+    h = AttentionBlock(cfg, parent=None).apply(
+        {"params": params["attention"]}, h, segment_ids, deterministic,
+        rngs=rngs)
+    rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
+    h = FFNBlock(cfg, parent=None).apply(
+        {"params": params["ffn"]}, h, deterministic, rngs=rngs)
+    return h, None
+
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Encoder(nn.Module):
+  """Optional E→H projection, then `num_steps` post-LN blocks in one scan."""
+  config: ModelConfig
+  # `nn.scan`'s `unroll` (1: a loop; True: fully unrolled). Changed only to
+  # measure compile and step times (experiments/benchmarks/step_fixes.py
+  # sets it on the class while a step is traced).
+  scan_unroll: ClassVar[int | bool] = 1
+
+  @nn.compact
+  def __call__(self, x, segment_ids, deterministic):
+    """[B, T, E] → [B, T, H]."""
+    cfg = self.config
+    if cfg.embedding_projection:
+      x = layers.Dense((cfg.hidden_size,), ("embedding", "embed"),
+                       **cfg.layer_kwargs,
+                       name="embedding_hidden_mapping_in")(x)
+    x = _constrain(x, ("batch", "length", "embed"))
+    stacks = {
+        "attention": self.param(
+            "attention", _stack_init(AttentionBlock(cfg, parent=None),
+                                     cfg.num_copies("attention"),
+                                     cfg.hidden_size)),
+        "ffn": self.param(
+            "ffn", _stack_init(FFNBlock(cfg, parent=None),
+                               cfg.num_copies("ffn"), cfg.hidden_size)),
+    }
+    shared = {k: v for k, v in stacks.items() if cfg.is_shared(k)}
+    scanned = {k: v for k, v in stacks.items() if not cfg.is_shared(k)}
+    copy_index = {k: jnp.asarray(np.asarray(cfg.copy_index(k), np.int32))
+                  for k in shared}
+    step = _Step
+    if cfg.remat != "none":
+      step = nn.remat(step, policy=_REMAT[cfg.remat], prevent_cse=False,
+                      static_argnums=(5,))
+    scan = nn.scan(step, variable_broadcast=False,
+                   split_rngs={"dropout": True},
+                   in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                   length=cfg.num_steps, unroll=self.scan_unroll)
+    x, _ = scan(cfg, name="layers")(x, (scanned, copy_index), shared,
+                                    segment_ids, deterministic)
+    return x
+
+
+def last_token_index(attention_mask: jax.Array) -> jax.Array:
+  """[B, T] mask (0 = padding) → [B] index of each row's last non-padding
+  token (0 for a row of padding only)."""
+  positions = jnp.arange(attention_mask.shape[1], dtype=jnp.int32)
+  return jnp.max(jnp.where(attention_mask != 0, positions, 0), axis=1)
+
+
+def position_ids(cfg: ModelConfig, input_ids: jax.Array,
+                 attention_mask: jax.Array | None = None) -> jax.Array:
+  """The model's default positions: [B, T] ids → [B, T] int32.
+
+  0..T-1, or with `cfg.position_ids_from_padding` RoBERTa's: the real
+  tokens count up from `pad_token_id + 1` in order and the others sit at
+  `pad_token_id`. A token is real where `attention_mask` is non-zero, or
+  (without a mask, as transformers decides) where its id is not the pad id.
+  Counting from the mask keeps a masked-LM batch's positions where they
+  were when masking replaced a token by a random `<pad>`.
+  """
+  batch, length = input_ids.shape
+  if not cfg.position_ids_from_padding:
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
+                            (batch, length))
+  real = (input_ids != cfg.pad_token_id) if attention_mask is None else (
+      attention_mask != 0)
+  real = real.astype(jnp.int32)
+  return jnp.cumsum(real, axis=1) * real + cfg.pad_token_id

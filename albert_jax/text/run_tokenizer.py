@@ -1,0 +1,170 @@
+"""The run's tokenizer: the configured one, or one trained into the workdir.
+
+Every entry point that needs "the tokenizer of this run" (the trainer, the
+fine-tuner, `load_pretrained` on a workdir) comes here, so the lookup order
+and the error messages are written once:
+
+  1. `config.data.tokenizer`, when set;
+  2. else the workdir's own: WORKDIR/spm/spiece.model, or WORKDIR/bpe/
+     for `config.data.tokenizer_type="bpe"`;
+  3. else (trainer only) one is trained there, atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any, Mapping
+
+from albert_jax.data import documents as documents_lib
+from albert_jax.text import train as text_train
+from albert_jax.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# config.data.tokenizer_type → what a workdir's own tokenizer is: its
+# directory and the file whose presence means it is complete.
+TOKENIZER_TYPES = {"sentencepiece": ("spm", "spiece.model"),
+                   "bpe": ("bpe", "tokenizer.json")}
+CONFIGURED_FIX = (
+    "give the path of a SentencePiece .model (or vocab.txt / tokenizer.json "
+    "/ vocab.json / an HF directory), or leave config.data.tokenizer empty "
+    "to train one in the workdir.")
+
+
+def load(path: str, what: str, fix: str) -> Tokenizer:
+  """`Tokenizer.from_file` with errors that say which setting and how to fix.
+
+  SentencePiece reports a missing or unparsable file as a bare RuntimeError.
+
+  Args:
+    path: the tokenizer file or directory.
+    what: how the error names it ("config.data.tokenizer").
+    fix: the fix, a sentence starting lower-case.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{what} {path!r} does not exist; {fix}")
+  try:
+    return Tokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"{what} {path!r} cannot be read as a tokenizer ({type(e).__name__}: "
+        f"{e}); it is damaged or not a SentencePiece .model, vocab.txt, "
+        f"tokenizer.json or vocab.json. {fix[0].upper() + fix[1:]}") from e
+
+
+def tokenizer_type(config: Mapping[str, Any]) -> str:
+  """`config.data.tokenizer_type`, checked; configs (and recorded runs)
+  from before the field existed train SentencePiece."""
+  data = (config["data"] if "data" in config else None) or {}
+  kind = data.get("tokenizer_type") or "sentencepiece"
+  if kind not in TOKENIZER_TYPES:
+    raise ValueError(
+        f"config.data.tokenizer_type={kind!r}; choose one of "
+        f"{sorted(TOKENIZER_TYPES)} (sentencepiece: ALBERT's unigram model; "
+        "bpe: RoBERTa's byte-level BPE).")
+  return kind
+
+
+def workdir_path(config: Mapping[str, Any], workdir: str) -> str:
+  """Where the trainer keeps the tokenizer it trains in `workdir`."""
+  directory, name = TOKENIZER_TYPES[tokenizer_type(config)]
+  return os.path.join(workdir, directory, name)
+
+
+def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
+  """The tokenizer a finished run trained with, or None if it has none.
+
+  For readers of a workdir (`load_pretrained`): `config` is the run's
+  recorded config.json, a plain dict.
+  """
+  configured = str((config.get("data") or {}).get("tokenizer") or "")
+  own = workdir_path(config, workdir)
+  # The trainer's order: a configured tokenizer wins over the workdir's.
+  for candidate in (configured, own) if configured else (own,):
+    if candidate and os.path.exists(candidate):
+      return load(candidate, "The run's tokenizer",
+                  "set .tokenizer yourself with Tokenizer.from_file(...).")
+  log.warning("No tokenizer found for %s (looked for %s); .tokenizer is None.",
+              workdir, " and ".join(c for c in (configured, own) if c))
+  return None
+
+
+def ensure(config, workdir: str) -> Tokenizer:
+  """The configured tokenizer, or one trained into the workdir on first use.
+
+  Raises:
+    FileNotFoundError: config.data.tokenizer or the corpus does not exist.
+    ValueError: the tokenizer file is damaged, the corpus has no usable
+      text, or the vocabulary size disagrees with model.vocab_size.
+  """
+  if config.data.tokenizer:
+    tok = load(config.data.tokenizer, "config.data.tokenizer", CONFIGURED_FIX)
+  else:
+    path = workdir_path(config, workdir)
+    if os.path.exists(path):
+      tok = load(path, "The workdir's tokenizer",
+                 "delete it (and the workdir's data/) to train a new one, or "
+                 "start in a new workdir.")
+    else:
+      tok = _train(config, path)
+  if tok.vocab_size != config.model.vocab_size:
+    raise ValueError(
+        f"The tokenizer has {tok.vocab_size} pieces but model.vocab_size is "
+        f"{config.model.vocab_size}; set --config.model.vocab_size="
+        f"{tok.vocab_size}.")
+  return tok
+
+
+def _train(config, path: str) -> Tokenizer:
+  """Trains the workdir's tokenizer, atomically.
+
+  The vocabulary is trained under a temporary name and renamed into place,
+  so a run killed while training leaves no truncated `spiece.model` (or half
+  a BPE directory) that every later run would fail to load; the rerun
+  trains again.
+  """
+  corpus = config.data.corpus
+  kind = tokenizer_type(config)
+  if config.data.format != "sentences":
+    raise ValueError(
+        "Training a tokenizer needs a corpus in the official sentence "
+        "format; for other formats give config.data.tokenizer.")
+  try:
+    files = documents_lib.expand_paths(documents_lib.corpus_pattern(corpus))
+  except FileNotFoundError as e:
+    raise FileNotFoundError(
+        f"config.data.corpus={corpus!r}: {e} Give files or globs of text "
+        "(comma-separated), or 'bundled' for the shipped corpus.") from e
+  what = "byte-level BPE" if kind == "bpe" else "SentencePiece model"
+  log.info("Training a %d-piece %s on %d file(s) → %s",
+           config.model.vocab_size, what, len(files), path)
+  if kind == "bpe":
+    final = os.path.dirname(path)
+    partial = final + ".partial"
+    for stale in (partial, final):  # left by a run killed while training
+      if os.path.exists(stale):
+        shutil.rmtree(stale)
+    output = partial
+  else:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path[:-len(".model")] + ".partial"
+    output = partial + ".model"
+  try:
+    text_train.train(files, config.model.vocab_size, kind=kind, output=output,
+                     seed=config.seed, input_sentence_size=2_000_000)
+  except ValueError as e:  # nothing usable in the corpus
+    raise ValueError(
+        f"Cannot train a tokenizer on config.data.corpus={corpus!r}: {e} "
+        "Point config.data.corpus at UTF-8 text in the official format (a "
+        "sentence per line, a blank line between documents), or give a "
+        "trained one as config.data.tokenizer.") from e
+  if kind == "bpe":
+    os.replace(partial, final)  # the directory appears whole
+    return Tokenizer.from_file(path)
+  # The .model goes last: its presence means the tokenizer is complete.
+  if os.path.exists(partial + ".vocab"):
+    os.replace(partial + ".vocab", path[:-len(".model")] + ".vocab")
+  os.replace(partial + ".model", path)
+  return Tokenizer.from_file(path)

@@ -1,0 +1,328 @@
+r"""Hyperparameter sweeps as files: expand, validate, run trial after trial.
+
+A sweep file (experiments/*.py, e.g. demo_lr.py) sets `CONFIG`, its base
+config, and `get_sweep(arg=None)`, returning the trials: dicts of dotted config
+overrides, built with `axis`, `product`, `zip_`, `chain` and `fixed`. A
+`get_sweep` with a `base` keyword also receives the base config (CONFIG, or
+the one `--config` names) as a ConfigDict, for trials that depend on the
+model (experiments/ablate_embedding.py's widths follow its hidden size).
+The ablations share `ablation`: the demo's pre-training as CONFIG and a
+`quick` argument for 30-step smoke runs.
+
+  python -m albert_jax.tools.sweep experiments/demo_lr.py[:arg] --workdir_root=DIR
+  python -m albert_jax.tools.sweep experiments/demo_lr.py --workdir_root=gs://b/lr \
+      --print_commands --launcher=tpu > lr.sh && bash lr.sh   # on a pod
+
+Keys are checked against the base config first. Each trial runs `python -m
+albert_jax.main --config=CONFIG --workdir=DIR/NAME --config.k=v ...`, logging
+to DIR/NAME/sweep.log; NAME is `k=v,k2=v2` (hashed when long or unsafe). Done
+trials (final_metrics.json) are skipped; failures are reported, the rest run
+(exit 1). The metrics table is printed and written to DIR/results.md.
+Arguments after `--` go to every trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any, Iterable, Mapping
+
+from etils import epath
+
+Trial = dict[str, Any]
+
+# The ablations' base: the demo's pre-training without its fine-tuning stage;
+# `--config=configs/albert_base.py` (say) runs one at paper scale.
+ABLATION_CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
+# An ablation's `quick` argument: 30 steps a trial, evaluated every 10.
+QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,
+         "config.eval_every_steps": 10}
+
+
+class SweepError(ValueError):
+  """A sweep that cannot run: bad file, unknown key, clashing trials."""
+
+
+def axis(key: str, values: Iterable[Any]) -> list[Trial]:
+  """One trial per value of `key`."""
+  return [{key: v} for v in values]
+
+
+def fixed(mapping: Mapping[str, Any] | None = None, **kv: Any) -> list[Trial]:
+  """A single trial setting every given key; in a product, a constant."""
+  return [{**(mapping or {}), **kv}]
+
+
+def _parts(parts, axes) -> list[list[Trial]]:
+  """Each part is a list of trials or a mapping key → values (one axis each)."""
+  return [p for part in (*parts, axes) for p in (
+      [axis(k, v) for k, v in part.items()] if isinstance(part, Mapping)
+      else [list(part)])]
+
+
+def _merge(trials: Iterable[Trial]) -> Trial:
+  merged = {}
+  for key, value in (item for trial in trials for item in trial.items()):
+    if key in merged:
+      raise SweepError(f"{key} is set twice in one trial.")
+    merged[key] = value
+  return merged
+
+
+def product(*parts, **axes) -> list[Trial]:
+  """Cartesian product: `product({"a.b": [1, 2]}, c=[3, 4])` is 4 trials."""
+  return [_merge(c) for c in itertools.product(*_parts(parts, axes))]
+
+
+def zip_(*parts, **axes) -> list[Trial]:
+  """Trials side by side: the i-th trial merges the i-th of every part."""
+  lists = _parts(parts, axes)
+  if len({len(p) for p in lists}) > 1:
+    raise SweepError(f"zip_ of unequal lengths {[len(p) for p in lists]}.")
+  return [_merge(c) for c in zip(*lists)]
+
+
+def chain(*parts) -> list[Trial]:
+  """The trials of every part, one list after another."""
+  return [t for part in _parts(parts, {}) for t in part]
+
+
+def ablation(arg: str | None, *parts) -> list[Trial]:
+  """An ablation's trials: `product(*parts)`, each with QUICK's schedule
+  added when `arg` is "quick" (the only argument an ablation takes)."""
+  from albert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  args = config_lib.parse_arg(arg, quick=False)
+  return product(*parts, fixed(QUICK if args.quick else {}))
+
+
+def format_value(value: Any) -> str:
+  """A value as `--config.k=` reads it back (ml_collections config flags)."""
+  if isinstance(value, (bool, str)):
+    return str(value).lower() if isinstance(value, bool) else value
+  return repr(value)
+
+
+def trial_name(trial: Trial) -> str:
+  """Stable, filesystem-safe and unique: `k=v,k2=v2`, hashed when needed."""
+  raw = ",".join(f"{k}={format_value(v)}" for k, v in trial.items()) or "base"
+  safe = re.sub(r"[^A-Za-z0-9._,=+-]", "_", raw)
+  if safe == raw and len(raw) <= 100:
+    return raw
+  return f"{safe[:89]}-{hashlib.sha1(raw.encode()).hexdigest()[:10]}"
+
+
+def _load(spec: str):
+  """(path, module, arg) of `path.py[:arg]`, the module freshly executed."""
+  path, sep, arg = spec.partition(".py:")
+  path, arg = (path + ".py", arg) if sep else (spec, None)
+  if not os.path.isfile(path):
+    raise SweepError(f"No such file: {path}")
+  module = importlib.util.module_from_spec(
+      importlib.util.spec_from_file_location("_loaded_by_sweep", path))
+  module.__spec__.loader.exec_module(module)
+  return path, module, arg
+
+
+def _base_config(config_spec: str):
+  """The ConfigDict of `configs/x.py[:arg]`."""
+  _, module, arg = _load(config_spec)
+  return module.get_config(arg)
+
+
+def load_sweep(spec: str, config: str | None = None):
+  """(base config spec, {name: trial}) from `experiments/x.py[:arg]`."""
+  path, module, arg = _load(spec)
+  config = config or getattr(module, "CONFIG", None)
+  if not config:
+    raise SweepError(f"{path} sets no CONFIG and no --config was given.")
+  kwargs = {}
+  if "base" in inspect.signature(module.get_sweep).parameters:
+    kwargs["base"] = _base_config(config)
+  trials = {}
+  for trial in module.get_sweep(*([] if arg is None else [arg]), **kwargs):
+    trial = _merge({k.removeprefix("config."): v} for k, v in trial.items())
+    if (name := trial_name(trial)) in trials:
+      raise SweepError(f"{path}: trial {name} appears twice.")
+    trials[name] = trial
+  if not trials:
+    raise SweepError(f"{path}: get_sweep returned no trials.")
+  return config, trials
+
+
+def _paths(node, prefix=""):
+  for k, v in node.items():
+    yield prefix + k
+    yield from _paths(v, f"{prefix}{k}.") if hasattr(v, "items") else ()
+
+
+def _unknown(key: str, paths: list[str]) -> str:
+  """Names the closest valid keys, and the fields where `key` points."""
+  parent, _, leaf = key.rpartition(".")
+  split = [(p, *p.rpartition(".")[::2]) for p in paths]  # path, parent, leaf
+  close = difflib.get_close_matches(key, paths, n=3, cutoff=0.6) + [
+      p for p, _, l in split if difflib.get_close_matches(leaf, [l], 1, 0.8)]
+  close = ", ".join(list(dict.fromkeys(close))[:5])
+  fields = ", ".join(l for _, d, l in split if d == parent)
+  return (f"Unknown config key {key!r}"
+          + (f"; did you mean {close}?" if close else ".")
+          + (f" Fields of {parent or 'config'}: {fields}." if fields else ""))
+
+
+def validate(config_spec: str, trials: Mapping[str, Trial],
+             extra_keys: Iterable[str] = ()) -> None:
+  """Every key exists in the base config and takes its trial's value."""
+  base = _base_config(config_spec)
+  paths = list(_paths(base))
+  keys = dict.fromkeys([*extra_keys, *(k for t in trials.values() for k in t)])
+  errors = [_unknown(k, paths) for k in keys if k not in paths]
+  for name, trial in trials.items():
+    for key, value in ((k, v) for k, v in trial.items() if k in paths):
+      *parents, leaf = key.split(".")
+      node = copy.deepcopy(base)
+      for part in parents:
+        node = node[part]
+      try:
+        node[leaf] = value
+      except (TypeError, ValueError) as e:
+        errors.append(f"Bad value {value!r} for {key} (trial {name}): {e}")
+  if errors:
+    raise SweepError("\n".join(errors))
+
+
+def _main_args(config: str, workdir: str, trial: Trial, extra=()) -> list[str]:
+  return [f"--config={config}", f"--workdir={workdir}",
+          *(f"--config.{k}={format_value(v)}" for k, v in trial.items()),
+          *extra]
+
+
+def read_metrics(workdir: str) -> dict | None:
+  """The contents of WORKDIR/final_metrics.json, None if there is none."""
+  path = epath.Path(workdir) / "final_metrics.json"
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str):
+  """Runs `cmd` into `log` (a live line on a terminal); (status, metrics)."""
+  log.parent.mkdir(parents=True, exist_ok=True)
+  print(f"{prefix}: running, log in {log}", flush=True)
+  start, live = time.time(), sys.stdout.isatty()
+  env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+  with log.open("wb") as f, log.open("rb") as r:
+    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    while (proc.poll() if live else proc.wait()) is None:
+      time.sleep(0.2)
+      r.seek(max(0, r.seek(0, os.SEEK_END) - 2000))
+      last = (r.read().decode(errors="replace").strip().splitlines()
+              or [""])[-1][:60]
+      print(f"\r\033[K{prefix}: {time.time() - start:.0f} s  {last}",
+            end="", flush=True)
+  print("\r\033[K" if live else "", end="")
+  rc, took = proc.returncode, time.time() - start
+  metrics = read_metrics(workdir)
+  if rc == 0 and metrics is not None:
+    print(f"{prefix}: ok in {took:.1f} s")
+    return "ok", metrics
+  why = f"exit code {rc}" if rc else "no final_metrics.json"
+  tail = log.read_bytes().decode(errors="replace").splitlines()[-10:]
+  print(f"{prefix}: FAILED ({why}) after {took:.1f} s; end of {log}:\n"
+        + "\n".join("  " + line for line in tail))
+  return "failed", metrics
+
+
+def results_table(trials: Mapping[str, Trial], status: Mapping[str, str],
+                  metrics: Mapping[str, dict | None]) -> str:
+  """Markdown: trial, status, the overrides that vary, every metric."""
+  keys = list(dict.fromkeys(k for t in trials.values() for k in t))
+  varied = [k for k in keys
+            if len({repr(t.get(k)) for t in trials.values()}) > 1] or keys
+  names = list(dict.fromkeys(k for m in metrics.values() for k in m or {}))
+  def cell(v):
+    text = f"{v:.4g}" if isinstance(v, float) else format_value(v)
+    return "" if v is None else text.replace("|", r"\|")
+  rows = [["trial", "status", *varied, *names]]
+  rows += [[name, status[name], *(cell(t.get(k)) for k in varied),
+            *(cell((metrics[name] or {}).get(k)) for k in names)]
+           for name, t in trials.items()]
+  lines = ["| " + " | ".join(r) + " |" for r in rows]
+  lines.insert(1, "|" + "---|" * len(rows[0]))
+  return "\n".join(lines)
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(prog="python -m albert_jax.tools.sweep",
+                              description=__doc__.split("\n")[0])
+  add = p.add_argument
+  add("sweep", help="experiments/file.py[:arg]")
+  add("--workdir_root", required=True, help="Trials run in WORKDIR_ROOT/NAME.")
+  add("--config", help="Base config; replaces the sweep file's CONFIG.")
+  add("--print_commands", action="store_true", help="Print one command per "
+      "trial (done ones, under a local root, commented out); run nothing.")
+  add("--launcher", choices=("local", "tpu"), default="local", help="With "
+      "--print_commands: tpu runs each on all workers via tpu_setup.sh.")
+  add("--results_only", action="store_true", help="Only write results.md.")
+  add("--main_module", default="albert_jax.main", help="Module run per trial, "
+      "or a script path ending in .py.")
+  split = argv.index("--") if "--" in argv else len(argv)
+  return p.parse_args(argv[:split]), argv[split + 1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+  args, extra = _parse(sys.argv[1:] if argv is None else argv)
+  try:
+    config, trials = load_sweep(args.sweep, args.config)
+    validate(config, trials, [a[len("--config."):].split("=", 1)[0]
+                              for a in extra if a.startswith("--config.")])
+  except SweepError as e:
+    print(f"sweep: {e}", file=sys.stderr)
+    return 2
+  root, module = args.workdir_root.rstrip("/"), args.main_module
+  python = "python" if args.print_commands else sys.executable
+  launch = [python, *([] if module.endswith(".py") else ["-m"]), module]
+  status, metrics = {}, {}
+  for i, (name, trial) in enumerate(trials.items(), 1):
+    workdir, prefix = f"{root}/{name}", f"[{i}/{len(trials)}] {name}"
+    remote = args.print_commands and "://" in root  # no need to reach gs://
+    metrics[name] = None if remote else read_metrics(workdir)
+    status[name] = "missing" if metrics[name] is None else "done"
+    cmd = _main_args(config, workdir, trial, extra)
+    if args.print_commands:
+      line = shlex.join(launch + cmd) if args.launcher == "local" else (
+          "bash tpu_setup.sh run --name=$TPU_NAME --zone=$ZONE -- "
+          + shlex.join(cmd))
+      print(f"# {name}: done" if status[name] == "done" else line)
+    elif args.results_only:
+      continue
+    elif status[name] == "done":
+      print(f"{prefix}: done, skipped")
+    else:
+      log = (epath.Path("sweep_logs", name + ".log") if "://" in root
+             else epath.Path(workdir, "sweep.log"))
+      status[name], metrics[name] = run_trial(launch + cmd, workdir, log,
+                                              prefix)
+  if args.print_commands:
+    return 0
+  table = results_table(trials, status, metrics)
+  print("\n" + table)
+  epath.Path(root).mkdir(parents=True, exist_ok=True)
+  (epath.Path(root) / "results.md").write_text(
+      f"# Sweep `{args.sweep}`\n\nBase config `{config}`, workdirs under "
+      f"`{root}/`.\n\n{table}\n")
+  if failed := [n for n, s in status.items() if s == "failed"]:
+    print(f"\n{len(failed)} of {len(trials)} trials failed:", ", ".join(failed))
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

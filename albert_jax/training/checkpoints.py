@@ -1,0 +1,513 @@
+"""Orbax checkpoints of the train state: async saves, retention, resume.
+
+Layout: `WORKDIR/checkpoints/<step>/{state, meta}` where `state` is the whole
+train state ({"step", "params", "opt_state", "rng"}) and `meta` a JSON record
+(data position, metrics). The data position is the step itself: the loader's
+batch of step s is a pure function of (seed, s).
+
+Retention keeps the newest `keep` checkpoints plus the best one by an eval
+metric. A checkpoint is written to `<step>.orbax-checkpoint-tmp` and renamed
+to `<step>` when complete, so a half-written one is never restored; if the
+newest checkpoint fails to restore (corrupt or missing files), the previous
+one is used with a warning. A write that fails (a full disk, say) raises
+CheckpointWriteError naming the step and the intact checkpoints a rerun
+resumes from. Restoring takes target shardings, so a checkpoint
+saved on one mesh restores onto any other mesh, or onto one CPU device.
+
+Reading back: `restore_latest` resumes training from the newest readable
+checkpoint, falling back to older ones (with a warning) when the newest is
+corrupt or incomplete; `restore_params` reads only the parameters, onto one
+device, for inference and fine-tuning. Both first compare the checkpoint's
+stored shapes with the model's and raise CheckpointShapeError listing every
+mismatched array.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from albert_jax import tree as tree_lib
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointWriteError(OSError):
+  """Writing a checkpoint failed (disk full, quota, permissions...).
+
+  The message names the failed step, what is still intact and what to do;
+  `errno` is the underlying error's, when it had one.
+  """
+
+
+def _write_error(mngr: ocp.CheckpointManager, step: int | None,
+                 error: BaseException) -> CheckpointWriteError:
+  try:
+    mngr.reload()
+    intact = sorted(mngr.all_steps())
+  except Exception:  # pylint: disable=broad-except
+    intact = None  # the directory itself may be what failed
+  what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+  reason = (error.strerror if isinstance(error, OSError) and error.strerror
+            else f"{type(error).__name__}: {brief_error(error)}")
+  if intact:
+    kept = (f"The complete checkpoints (steps {intact}) are intact and the "
+            "incomplete one is never restored: a rerun resumes from step "
+            f"{intact[-1]}.")
+  else:
+    kept = "No complete checkpoint exists yet, so a rerun starts afresh."
+  message = (f"Writing {what} to {mngr.directory} failed ({reason}). {kept} "
+             "Free space on that disk (or lower config.keep_checkpoints, or "
+             "choose another --workdir) and run again.")
+  return CheckpointWriteError(getattr(error, "errno", None), message)
+
+
+class _NoMetricsWarningFilter(logging.Filter):
+  """Drops orbax's warning about a save without metrics.
+
+  With a best metric tracked, orbax warns at every save given no metrics;
+  the trainer saves between evaluations by design (those checkpoints are
+  kept only while among the newest), so the warning says nothing.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "did not provide metrics" not in record.getMessage()
+
+
+class _Manager(ocp.CheckpointManager):
+  """A CheckpointManager whose failed writes raise CheckpointWriteError.
+
+  An asynchronous write fails in a background thread and surfaces at the
+  next `save` or `wait_until_finished`, as the bare error of whatever layer
+  hit it; here it says which step failed and that the others are intact.
+  """
+
+  _writing: int | None = None  # the step of the last save started
+
+  def save(self, step, *args, **kwargs):
+    # orbax logs through absl, whose Python logger is "absl"; the filter is
+    # there only for this call, so no other warning is lost.
+    quiet = _NoMetricsWarningFilter()
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(quiet)
+    try:
+      started = super().save(step, *args, **kwargs)
+    except CheckpointWriteError:  # the previous write, from the wait
+      raise
+    except OSError as e:
+      raise _write_error(self, int(step), e) from e
+    finally:
+      absl_logger.removeFilter(quiet)
+    if started:
+      self._writing = int(step)
+    return started
+
+  def wait_until_finished(self):
+    try:
+      super().wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      # Anything the background write raised means the write failed.
+      raise _write_error(self, self._writing, e) from e
+
+
+def manager(workdir: str, *, keep: int = 3, best_metric: str | None = None,
+            best_mode: str = "max", async_save: bool = True
+            ) -> ocp.CheckpointManager:
+  """The workdir's checkpoint manager.
+
+  Args:
+    workdir: the run's directory; checkpoints go to `workdir/checkpoints`.
+    keep: how many of the newest checkpoints to keep.
+    best_metric: also keep the best checkpoint by this key of the metrics
+      given to `save` (checkpoints saved without metrics are kept only while
+      among the newest `keep`).
+    best_mode: "max" or "min": which end of `best_metric` is best.
+    async_save: write in a background thread while training continues.
+
+  Returns:
+    An orbax CheckpointManager; leftover `*.orbax-checkpoint-tmp` directories
+    of an interrupted save are removed when it is created. A write that
+    fails (e.g. a full disk) raises CheckpointWriteError from `save` or
+    `wait_until_finished`, leaving the complete checkpoints intact.
+  """
+  if best_mode not in ("max", "min"):
+    raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
+  directory = checkpoint_dir(workdir)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise NotADirectoryError(
+        f"{directory} is a file, where the workdir's checkpoints directory "
+        "belongs; move it away, or choose another --workdir.")
+  best_fn = (lambda m: m[best_metric]) if best_metric else None
+  policies = [ocp.checkpoint_managers.LatestN(n=keep)]
+  if best_metric:
+    policies.append(ocp.checkpoint_managers.BestN(
+        get_metric_fn=best_fn, reverse=best_mode == "min", n=1,
+        keep_checkpoints_without_metrics=False))
+  options = ocp.CheckpointManagerOptions(
+      enable_async_checkpointing=async_save,
+      preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
+          policies),
+      # Without best_fn orbax writes no metrics to disk (a resumed run's
+      # BestN then finds none and drops the best checkpoint) and
+      # best_step() is simply the latest step.
+      best_fn=best_fn, best_mode=best_mode,
+      cleanup_tmp_directories=True)
+  return _Manager(
+      directory, options=options,
+      item_handlers={"state": ocp.StandardCheckpointHandler(),
+                     "meta": ocp.JsonCheckpointHandler()})
+
+
+def save(mngr: ocp.CheckpointManager, state: Mapping[str, Any],
+         meta: Mapping[str, Any], metrics: Mapping[str, float] | None = None,
+         force: bool = False) -> bool:
+  """Starts an (asynchronous) save of `state` at its step.
+
+  Args:
+    mngr: from `manager`.
+    state: the train state; `state["step"]` names the checkpoint.
+    meta: JSON-serialisable record saved beside it (data position, seed).
+    metrics: eval metrics, for keeping the best checkpoint.
+    force: save even if the manager's policy would skip this step.
+
+  Returns:
+    Whether a save was started.
+  """
+  step = int(jax.device_get(state["step"]))
+  return mngr.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(dict(state)),
+      meta=ocp.args.JsonSave(dict(meta))),
+                   metrics=dict(metrics) if metrics else None, force=force)
+
+
+################################################################################
+# Reading back.
+################################################################################
+
+
+CHECKPOINTS = "checkpoints"  # the subdirectory of a workdir
+
+
+def checkpoint_dir(workdir: str) -> str:
+  """Where a workdir's checkpoints live."""
+  return os.path.join(os.path.abspath(os.fspath(workdir)), CHECKPOINTS)
+
+
+class CheckpointShapeError(ValueError):
+  """A checkpoint whose parameter shapes disagree with the model config.
+
+  Attributes:
+    step: the checkpoint's step.
+    problems: (path, checkpoint shape or None, model shape or None) for every
+      mismatched array; None where one side lacks the path.
+  """
+
+  def __init__(self, message: str, step: int,
+               problems: Sequence[tuple[str, Any, Any]]):
+    super().__init__(message)
+    self.step = step
+    self.problems = list(problems)
+
+
+class UnreadableCheckpointError(RuntimeError):
+  """Checkpoints exist, but none of them can be read."""
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      tree, shardings)
+
+
+def _target_shapes(tree) -> dict[str, tuple[int, ...]]:
+  """"a/b/0/c" → shape for every array leaf, in orbax's path naming."""
+  return {k: tuple(np.shape(v)) for k, v in tree_lib.flatten(tree).items()}
+
+
+def _stored_shapes(mngr: ocp.CheckpointManager, step: int
+                   ) -> dict[str, tuple[int, ...]]:
+  """The state's array shapes as saved, read from the checkpoint metadata.
+
+  Orbax stores tuples and lists as lists and named tuples (optax states) as
+  dicts of their fields, which `_target_shapes` names the same way.
+  """
+  meta = mngr.item_metadata(step)["state"]
+  tree = getattr(meta, "tree", meta)
+  if tree is None:
+    raise ValueError(f"checkpoint step {step} has no state metadata")
+  flat = {}
+
+  def walk(node, prefix):
+    if isinstance(node, Mapping):
+      items = node.items()
+    elif isinstance(node, (list, tuple)):
+      items = enumerate(node)
+    else:
+      if hasattr(node, "shape"):
+        flat[prefix] = tuple(node.shape)
+      return
+    for k, v in items:
+      walk(v, f"{prefix}/{k}" if prefix else str(k))
+  walk(tree, "")
+  return flat
+
+
+def _shape_problems(stored: Mapping[str, tuple[int, ...]],
+                    wanted: Mapping[str, tuple[int, ...]],
+                    extra_under: Sequence[str] | None = None):
+  """Mismatches as (path, stored shape or None, wanted shape or None).
+
+  A stored array the target lacks counts only under `extra_under` prefixes
+  (all of them when None): a partial restore ignores the rest.
+  """
+  problems = []
+  for key, shape in wanted.items():
+    if stored.get(key) != shape:
+      problems.append((key, stored.get(key), shape))
+  for key, shape in stored.items():
+    if key in wanted:
+      continue
+    if extra_under is None or any(key == p or key.startswith(p + "/")
+                                  for p in extra_under):
+      problems.append((key, shape, None))
+  return sorted(problems)
+
+
+def _shape_error(directory, step: int, problems) -> CheckpointShapeError:
+  # Parameters first: optimizer slots mirror them and say nothing new.
+  problems = sorted(problems, key=lambda p: (not p[0].startswith("params/"),
+                                             p[0]))
+  num_params = sum(p[0].startswith("params/") for p in problems)
+  lines = []
+  for key, stored, wanted in problems[:30]:
+    if stored is None:
+      lines.append(f"  {key}: missing from the checkpoint (model {wanted})")
+    elif wanted is None:
+      lines.append(f"  {key}: in the checkpoint {stored}, not in the model")
+    else:
+      lines.append(f"  {key}: checkpoint {stored}, model {wanted}")
+  if len(problems) > 30:
+    lines.append(f"  ... and {len(problems) - 30} more")
+  return CheckpointShapeError(
+      f"Checkpoint step {step} in {directory} was written by a model of "
+      "another shape (or with other heads / optimizer); "
+      f"{len(problems)} mismatched arrays ({num_params} parameters):\n"
+      + "\n".join(lines) + "\nUse the config the checkpoint was written "
+      "with, or a new workdir.", step, problems)
+
+
+def check_shapes(mngr: ocp.CheckpointManager, step: int, target: Any,
+                 partial: bool = False) -> None:
+  """Raises CheckpointShapeError listing every path whose shape differs.
+
+  Args:
+    mngr: the checkpoint manager.
+    step: which checkpoint.
+    target: the (abstract) state to restore into, or a subset of it
+      (e.g. {"params": ...}) with `partial`.
+    partial: only the target's top-level subtrees are compared; arrays the
+      checkpoint holds elsewhere are ignored.
+  """
+  wanted = _target_shapes(target)
+  extra_under = sorted(target) if partial else None
+  problems = _shape_problems(_stored_shapes(mngr, step), wanted, extra_under)
+  if problems:
+    raise _shape_error(mngr.directory, step, problems)
+
+
+def brief_error(error: BaseException, limit: int = 400) -> str:
+  """An error's text cut short: tensorstore's embed kilobytes of spec."""
+  text = " ".join(str(error).split())
+  text = re.sub(r" ?\[tensorstore_spec=.*", "", text)
+  return text if len(text) <= limit else text[:limit] + " …"
+
+
+def _read_metadata(mngr, step, directory):
+  """Stored shapes, or None (with a warning) when the metadata is unreadable."""
+  try:
+    return _stored_shapes(mngr, step)
+  except Exception as e:  # pylint: disable=broad-except
+    log.warning("Checkpoint step %d in %s has unreadable metadata (%s: %s); "
+                "trying the previous one.", step, directory,
+                type(e).__name__, brief_error(e))
+    return None
+
+
+def _set_aside(mngr: ocp.CheckpointManager, steps: Sequence[int]) -> None:
+  """Renames unreadable checkpoints out of the manager's sight.
+
+  Left in place, the manager would refuse to save those steps again (it
+  skips a step that exists), so a re-trained final step would never be
+  saved. Renamed, they are kept for inspection and ignored by orbax.
+  """
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    root = epath.Path(mngr.directory)
+    for step in steps:
+      source = root / str(step)
+      if not source.exists():
+        continue
+      dest, n = root / f"{step}.unreadable", 1
+      while dest.exists():
+        dest, n = root / f"{step}.unreadable-{n}", n + 1
+      source.rename(dest)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("albert_jax_checkpoints_set_aside")
+  mngr.reload()
+
+
+def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any,
+                   shardings: Any) -> tuple[Any, dict] | None:
+  """Restores the newest readable checkpoint onto `shardings`.
+
+  Args:
+    mngr: from `manager`.
+    abstract_state: the state's structure (arrays or ShapeDtypeStructs).
+    shardings: a matching tree of shardings to restore onto: any mesh, or a
+      single device, whatever the checkpoint was saved from.
+
+  Returns:
+    (state, meta), or None when the workdir has no checkpoint.
+
+  Raises:
+    CheckpointShapeError: the checkpoint holds other shapes than the state
+      (nothing would fit, so no older checkpoint is tried).
+    UnreadableCheckpointError: there are checkpoints but none can be read;
+      training from scratch over them would be a silent loss.
+  """
+  target = _abstract(abstract_state, shardings)
+  wanted = _target_shapes(target)
+  steps = sorted(mngr.all_steps(), reverse=True)
+  failures = []
+  for step in steps:
+    stored = _read_metadata(mngr, step, mngr.directory)
+    if stored is None:
+      failures.append(step)
+      continue
+    problems = _shape_problems(stored, wanted)
+    if problems:
+      raise _shape_error(mngr.directory, step, problems)
+    try:
+      restored = mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target),
+          meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      # orbax / tensorstore raise many kinds for missing or corrupt files.
+      log.warning("Checkpoint step %d in %s could not be restored (%s: %s); "
+                  "trying the previous one.", step, mngr.directory,
+                  type(e).__name__, brief_error(e))
+      failures.append(step)
+      continue
+    if failures:
+      _set_aside(mngr, failures)
+      log.warning("Resumed from checkpoint step %d in %s; the newer "
+                  "unreadable checkpoint(s) %s were renamed to "
+                  "<step>.unreadable so that training can save those steps "
+                  "again.", step, mngr.directory, failures)
+    return restored["state"], dict(restored["meta"] or {})
+  if failures:
+    raise UnreadableCheckpointError(
+        f"None of the checkpoints {failures} in {mngr.directory} could be "
+        "read (see the warnings above). Move them away to start from "
+        "scratch, or restore them from a backup.")
+  return None
+
+
+def _read_only_manager(directory: str) -> ocp.CheckpointManager:
+  # PyTreeCheckpointHandler reads what StandardSave wrote and allows a
+  # partial restore (parameters without the optimizer state).
+  return ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(read_only=True),
+      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                     "meta": ocp.JsonCheckpointHandler()})
+
+
+def available_steps(workdir: str) -> list[int]:
+  """The complete checkpoints' steps in a workdir, ascending ([] if none)."""
+  directory = checkpoint_dir(workdir)
+  if not os.path.isdir(directory):
+    return []
+  return sorted(_read_only_manager(directory).all_steps())
+
+
+def restore_params(workdir: str, abstract_params: Any,
+                   step: int | None = None, sharding=None) -> tuple[Any, int]:
+  """Only the parameters of a workdir's checkpoint, onto one device.
+
+  The Colab case: no mesh, no optimizer state read.
+
+  Args:
+    workdir: a training workdir (holding `checkpoints/`).
+    abstract_params: the parameters' structure (arrays or
+      ShapeDtypeStructs), unboxed.
+    step: which checkpoint; default the newest readable one (falling back
+      to older ones with a warning).
+    sharding: where to put them; default the first CPU device.
+
+  Returns:
+    (params, step).
+
+  Raises:
+    FileNotFoundError: no checkpoints, or none at `step`.
+    CheckpointShapeError: the parameters' shapes differ from the checkpoint's.
+    UnreadableCheckpointError: no checkpoint could be read.
+  """
+  directory = checkpoint_dir(workdir)
+  mngr = (_read_only_manager(directory) if os.path.isdir(directory)
+          else None)
+  available = sorted(mngr.all_steps(), reverse=True) if mngr else []
+  if not available:
+    raise FileNotFoundError(
+        f"No checkpoints in {directory}: the run has not saved one yet (or "
+        "this is not a training workdir).")
+  if step is not None:
+    if int(step) not in available:
+      raise FileNotFoundError(
+          f"No checkpoint at step {step} in {directory}; available steps: "
+          f"{sorted(available)}.")
+    steps = [int(step)]
+  else:
+    steps = available
+  sharding = sharding or jax.sharding.SingleDeviceSharding(
+      jax.local_devices(backend="cpu")[0])
+  target = {"params": jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      abstract_params)}
+  wanted = _target_shapes(target)
+  failures = []
+  for s in steps:
+    stored = _read_metadata(mngr, s, directory)
+    if stored is None:
+      failures.append(s)
+      continue
+    problems = _shape_problems(stored, wanted, extra_under=["params"])
+    if problems:
+      raise _shape_error(directory, s, problems)
+    try:
+      restored = mngr.restore(s, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              item=target,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+              partial_restore=True)))
+    except Exception as e:  # pylint: disable=broad-except
+      log.warning("Checkpoint step %d in %s could not be read (%s: %s); "
+                  "trying the previous one.", s, directory,
+                  type(e).__name__, brief_error(e))
+      failures.append(s)
+      continue
+    return restored["state"]["params"], s
+  raise UnreadableCheckpointError(
+      f"Checkpoint(s) {failures} in {directory} could not be read (see the "
+      "warnings above).")
+
+
+def to_numpy(tree):
+  """The tree's arrays as NumPy arrays on the host."""
+  return jax.tree.map(np.asarray, tree)

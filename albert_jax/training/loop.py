@@ -1,0 +1,401 @@
+"""The one training loop, shared by pre-training and fine-tuning.
+
+`fit` steps a jitted train step over a stream of batches and does what every
+run needs around it: metrics to TensorBoard and the progress bar, periodic
+evaluation and checkpoints (the best kept by an eval metric), SIGTERM
+(preemption) handling, and the non-finite guard: a step with a NaN/Inf loss
+or gradient is skipped by the train step itself, and after
+`config.max_consecutive_nonfinite` skips in a row the run stops with a message
+naming the step and the offending parameters. What differs between
+pre-training and fine-tuning (data, model, eval) comes in as arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Callable, Iterable
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from albert_jax.model import flops as flops_lib
+from albert_jax.training import checkpoints
+from albert_jax.training import metrics as metrics_lib
+from albert_jax.training import state as state_lib
+
+log = logging.getLogger(__name__)
+
+
+# XLA:CPU spends most of a small model's compile time in LLVM and the fusion
+# emitters; without them compiles are several times faster and steps slower.
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
+                        "xla_cpu_use_fusion_emitters": False,
+                        "xla_llvm_disable_expensive_passes": True}
+
+
+def compiler_options(config) -> dict[str, Any] | None:
+  """`jax.jit` compiler options for `config.fast_compile` (smoke runs and
+  debugging on CPU: quicker to start, slower per step), else None."""
+  if config.get("fast_compile", False) and jax.default_backend() == "cpu":
+    return dict(FAST_COMPILE_OPTIONS)
+  return None
+
+
+def mesh_and_rules(config):
+  """The run's mesh and sharding rules, checked against the batch size.
+
+  Called before any data work, so a mesh or batch that cannot work fails in
+  seconds rather than after tokenizer training and data preparation.
+  """
+  from albert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  mesh = sharding_lib.make_mesh(config.mesh)
+  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
+  dp = sharding_lib.data_parallel_size(mesh)
+  if config.batch_size % (dp * config.accumulation_steps):
+    raise ValueError(
+        f"batch_size {config.batch_size} must be divisible by the "
+        f"data-parallel size ({dp}) × accumulation_steps "
+        f"({config.accumulation_steps}); change --config.batch_size or "
+        "--config.mesh.")
+  return mesh, rules
+
+
+@dataclasses.dataclass
+class StartState:
+  """Where a run starts: its state, shardings, checkpoint manager."""
+  state: Any
+  shardings: Any
+  abstract: Any  # unboxed ShapeDtypeStructs of the state
+  mngr: Any
+  resumed: bool
+
+  @property
+  def step(self) -> int:
+    return int(jax.device_get(self.state["step"]))
+
+
+def restore_or_create(config, workdir: str, init: Callable, tx, mesh, rules,
+                      *, best_metric: str | None,
+                      on_create: Callable | None = None) -> StartState:
+  """The workdir's newest readable checkpoint, else a fresh sharded state.
+
+  Args:
+    init: rng → boxed state (`state.state_init_fn`).
+    best_metric: the eval metric the manager keeps the best checkpoint by.
+    on_create: (state, shardings) → state, applied to a fresh state only
+      (fine-tuning places the pre-trained weights there).
+  """
+  rng = jax.random.key(config.seed)
+  abstract_boxed = jax.eval_shape(init, rng)
+  shardings = state_lib.state_shardings(abstract_boxed, tx, mesh, rules)
+  abstract = {**abstract_boxed,
+              "params": nn.meta.unbox(abstract_boxed["params"])}
+  mngr = checkpoints.manager(workdir, keep=config.keep_checkpoints,
+                             best_metric=best_metric,
+                             async_save=config.async_checkpoints)
+  restored = checkpoints.restore_latest(mngr, abstract, shardings)
+  if restored is not None:
+    state = restored[0]
+    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
+  else:
+    state, _ = state_lib.create_state(init, tx, mesh, rules, rng,
+                                      compiler_options(config))
+    if on_create is not None:
+      state = on_create(state, shardings)
+  return StartState(state, shardings, abstract, mngr, restored is not None)
+
+
+class NonFiniteError(FloatingPointError):
+  """Too many consecutive steps had a NaN/Inf loss or gradient."""
+
+
+def git_commit() -> str:
+  try:
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__),
+        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def prepare_workdir(workdir: str) -> None:
+  """Creates the workdir, failing early and clearly if it is not writable."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_test")
+    with open(probe, "w", encoding="utf-8") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise PermissionError(
+        f"Cannot write to workdir {workdir} ({e.strerror}); choose a "
+        "directory you can write, e.g. --workdir=/tmp/albert_run.") from e
+
+
+def record_config(config, workdir: str) -> None:
+  """Writes the resolved config and the git commit beside the checkpoints.
+
+  Called once the state is known to fit the config, so a rerun with another
+  config cannot leave a config.json that does not describe the checkpoints.
+  """
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+    with open(os.path.join(workdir, "git_commit.txt"), "w",
+              encoding="utf-8") as f:
+      f.write(git_commit() + "\n")
+
+
+class Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    def handler(signum, frame):
+      del signum, frame
+      self.requested = True
+    try:
+      self._previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+      self._previous = None
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def agreed(self) -> bool:
+    """All hosts stop together, or none does."""
+    if jax.process_count() == 1:
+      return self.requested
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    flags = multihost_utils.process_allgather(np.asarray(self.requested))
+    return bool(np.any(flags))
+
+
+class NonFiniteGuard:
+  """Counts consecutive skipped steps; raises after `limit` of them."""
+
+  def __init__(self, limit: int, param_paths: list[str]):
+    if limit < 1:
+      raise ValueError(f"config.max_consecutive_nonfinite must be >= 1, got "
+                       f"{limit}.")
+    self.limit, self.paths = limit, param_paths
+    self.streak = 0
+    self.total = 0
+
+  def update(self, step: int, skipped: float, bad_leaves: np.ndarray) -> None:
+    """Records step `step`'s outcome (1-based: the step that just ran)."""
+    if not skipped:
+      self.streak = 0
+      return
+    self.streak += 1
+    self.total += 1
+    bad = [p for p, b in zip(self.paths, np.asarray(bad_leaves)) if b]
+    log.warning("Step %d: non-finite loss or gradient, update skipped "
+                "(%d in a row). Non-finite gradients: %s", step, self.streak,
+                ", ".join(bad) or "none (the loss itself)")
+    if self.streak >= self.limit:
+      shown = ", ".join(bad[:20]) + (" …" if len(bad) > 20 else "")
+      raise NonFiniteError(
+          f"Stopped at step {step}: the last {self.streak} steps all had a "
+          f"non-finite loss or gradient. Parameters with non-finite "
+          f"gradients at step {step}: {shown or 'none (the loss itself)'}. "
+          "Lower optimizer.learning_rate, check the data at these steps, "
+          "use float32 (model.dtype), or raise "
+          "config.max_consecutive_nonfinite.")
+
+
+@dataclasses.dataclass
+class FitResult:
+  state: Any
+  last_eval: dict[str, float]
+  preempted_at: int | None
+  skipped_steps: int
+
+
+def fit(config, *, state, train_step: Callable, batches: Iterable,
+        start_step: int, resumed: bool, mngr, workdir: str,
+        evaluate: Callable[[Any, int], dict[str, float]] | None,
+        flops_per_step: float, tokens_per_sequence: int,
+        param_paths: list[str], best_key: str | None = None) -> FitResult:
+  """Runs `train_step` over `batches` up to `config.num_train_steps`.
+
+  Args:
+    config: the run's config (log/eval/checkpoint cadence, batch_size,
+      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+    state: the train state at `start_step`.
+    train_step: jitted (state, batch) → (state, metrics), as built by
+      `step.make_train_step` + `step.jit_train_step`.
+    batches: yields (step, global batch) from `start_step` on.
+    resumed: the state came from a checkpoint at `start_step`.
+    mngr: the workdir's checkpoint manager.
+    evaluate: (state, step) → eval metrics, or None for no evaluation.
+    flops_per_step: training FLOPs of one step, for MFU.
+    tokens_per_sequence: for the tokens/s figure.
+    param_paths: the parameters' `tree.flatten` keys, to name bad gradients.
+    best_key: the eval metric that ranks checkpoints for best-retention
+      (the manager's `best_metric`); None to rank none.
+
+  Returns:
+    The final state, the last eval, the preemption step (if any), and the
+    number of skipped (non-finite) steps.
+  """
+  run = _Fit(config, state=state, train_step=train_step, start_step=start_step,
+             resumed=resumed, mngr=mngr, workdir=workdir, evaluate=evaluate,
+             flops_per_step=flops_per_step,
+             tokens_per_sequence=tokens_per_sequence, param_paths=param_paths,
+             best_key=best_key)
+  with Preemption() as preemption:
+    for step, batch in batches:
+      done, m = run.train(step, batch)
+      last = done == config.num_train_steps
+      if done % config.log_every_steps == 0 or last:
+        run.log_train(done, m)
+      if done % config.eval_every_steps == 0 and not last:
+        run.evaluate(done)
+      if done % config.checkpoint_every_steps == 0 and not last:
+        run.save(done)
+      if preemption.agreed():
+        log.warning("SIGTERM: saving step %d and stopping.", done)
+        run.shutdown(done)
+        return run.result(preempted_at=done)
+    run.finish()  # a SIGTERM now waits for the final checkpoint
+  run.writer.close()
+  return run.result()
+
+
+class _Fit:
+  """The phases of `fit`, around the state they share.
+
+  `train` runs a step, `log_train` logs it, `evaluate` and `save` run at
+  their cadence, `finish` evaluates and saves the last step, and `shutdown`
+  saves a step and closes the run early (SIGTERM, too many non-finite
+  steps). The guard reads each step's flags one step late (`check_pending`),
+  so it never stalls the device queue: by then that step has finished.
+  """
+
+  def __init__(self, config, *, state, train_step: Callable, start_step: int,
+               resumed: bool, mngr, workdir: str,
+               evaluate: Callable[[Any, int], dict[str, float]] | None,
+               flops_per_step: float, tokens_per_sequence: int,
+               param_paths: list[str], best_key: str | None):
+    self.config, self.state, self.train_step = config, state, train_step
+    self.mngr, self.workdir, self.evaluate_fn = mngr, workdir, evaluate
+    self.flops_per_step = flops_per_step
+    self.tokens_per_sequence = tokens_per_sequence
+    self.best_key = best_key
+    is_main = jax.process_index() == 0
+    self.writer = metrics_lib.Writer(os.path.join(workdir, "tensorboard"),
+                                     enabled=is_main)
+    self.progress = metrics_lib.Progress(config.num_train_steps, start_step,
+                                         every=config.log_every_steps,
+                                         enabled=is_main)
+    self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
+                                        config.peak_tflops_per_device)
+    self.guard = NonFiniteGuard(config.get("max_consecutive_nonfinite", 20),
+                                param_paths)
+    self.last_eval: dict[str, float] = {}
+    self.last_eval_step = -1
+    self.saved = {start_step} if resumed else set()
+    self.pending = None  # (step, metrics) of the previous step, for the guard
+    self.t_last, self.s_last = time.time(), start_step
+
+  def result(self, preempted_at: int | None = None) -> FitResult:
+    return FitResult(self.state, self.last_eval, preempted_at,
+                     self.guard.total)
+
+  def train(self, step: int, batch) -> tuple[int, Any]:
+    """Runs step `step` (checking the one before): (steps done, metrics)."""
+    self.state, m = self.train_step(self.state, batch)
+    done = step + 1
+    self.check_pending()
+    self.pending = (done, m)
+    return done, m
+
+  def check_pending(self) -> None:
+    """Hands the pending step's flags to the guard; when it gives up, saves
+    the state and raises."""
+    if self.pending is None:
+      return
+    step, m = self.pending
+    self.pending = None
+    if m is None:
+      return
+    flags = jax.device_get({"skipped": m["skipped"],
+                            "nonfinite_grads": m["nonfinite_grads"]})
+    try:
+      self.guard.update(step, float(flags["skipped"]),
+                        flags["nonfinite_grads"])
+    except NonFiniteError as e:
+      # The state holds the last finite step's parameters (the step counter
+      # may be one further: the next step was already queued).
+      at = int(jax.device_get(self.state["step"]))
+      self.shutdown(at)
+      raise NonFiniteError(
+          f"{e} The parameters of the last finite step were saved as "
+          f"checkpoint {at} in {self.workdir}.") from None
+
+  def log_train(self, done: int, m) -> None:
+    """train/* scalars and the progress bar for the step just run."""
+    config = self.config
+    self.check_pending()
+    m = jax.device_get(m)
+    m.pop("nonfinite_grads")
+    m = {k: float(v) for k, v in m.items()}
+    now = time.time()
+    dt = (now - self.t_last) / max(done - self.s_last, 1)
+    self.t_last, self.s_last = now, done
+    m["seq_per_sec"] = config.batch_size / dt
+    m["tokens_per_sec"] = config.batch_size * self.tokens_per_sequence / dt
+    m["step_time"] = dt
+    m["skipped_steps"] = float(self.guard.total)
+    if self.peak:
+      m["mfu"] = flops_lib.mfu(self.flops_per_step, dt,
+                               self.peak * 1e12 * jax.device_count())
+    self.writer.write(done, {f"train/{k}": v for k, v in m.items()})
+    self.progress.update(done, m)
+
+  def evaluate(self, step: int) -> None:
+    if self.evaluate_fn is None:
+      return
+    self.last_eval = self.evaluate_fn(self.state, step)
+    self.last_eval_step = step
+    self.writer.write(step, {f"eval/{k}": v for k, v in self.last_eval.items()})
+
+  def save(self, step: int, force: bool = False) -> None:
+    if step in self.saved:  # e.g. SIGTERM right after a periodic save
+      return
+    meta = {"step": step, "data_position": step, "seed": self.config.seed}
+    # Only this step's own eval may rank it for "best" retention.
+    metrics = None
+    if (self.best_key and self.last_eval_step == step
+        and self.best_key in self.last_eval):
+      metrics = {self.best_key: self.last_eval[self.best_key]}
+    checkpoints.save(self.mngr, self.state, meta, metrics=metrics,
+                     force=force)
+    self.saved.add(step)
+
+  def finish(self) -> None:
+    """The final evaluation and checkpoint."""
+    self.check_pending()
+    final_step = int(jax.device_get(self.state["step"]))
+    if self.last_eval_step != final_step:
+      self.evaluate(final_step)
+    self.save(final_step, force=True)
+    self.mngr.wait_until_finished()
+
+  def shutdown(self, step: int) -> None:
+    """Saves step `step` and closes the run before its end."""
+    self.save(step, force=True)
+    self.mngr.wait_until_finished()
+    self.writer.close()

@@ -1,0 +1,128 @@
+"""The package's shape: stages as folders, no import cycles, no shims.
+
+Read statically (ast), so function-level imports count too: a cycle hidden
+behind a lazy import is still a cycle.
+"""
+
+import ast
+
+from locations import REPO
+
+PACKAGE = REPO / "albert_jax"
+
+
+def _modules() -> dict[str, ast.Module]:
+  """Dotted module name → its parsed source, for every module of the package."""
+  out = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    parts = path.relative_to(REPO).with_suffix("").parts
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    out[".".join(parts)] = ast.parse(path.read_text(encoding="utf-8"))
+  return out
+
+
+def _edges(name: str, tree: ast.Module, modules) -> set[str]:
+  """The package modules that `name` imports, anywhere in its source."""
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and (
+        node.module or "").startswith("albert_jax"):
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        out.add(full if full in modules else node.module)
+    elif isinstance(node, ast.Import):
+      out.update(a.name for a in node.names if a.name.startswith("albert_jax"))
+  out.discard(name)
+  return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One import cycle in `graph`, as a path that returns to its start."""
+  state = {}  # module → "open" while on the path, "done" after
+
+  def visit(node, path):
+    state[node] = "open"
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == "open":
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt, path + [nxt])
+        if found:
+          return found
+    state[node] = "done"
+    return None
+
+  for start in sorted(graph):
+    if start not in state:
+      found = visit(start, [start])
+      if found:
+        return found
+  return None
+
+
+def _defined(tree: ast.Module) -> set[str]:
+  """Names a module defines itself (not ones it imports) at top level."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      for t in targets:
+        for n in ast.walk(t):
+          if isinstance(n, ast.Name):
+            names.add(n.id)
+  return names
+
+
+def test_no_import_cycles():
+  modules = _modules()
+  graph = {m: _edges(m, t, modules) for m, t in modules.items()}
+  assert _cycle(graph) is None, " → ".join(_cycle(graph))
+
+
+def test_cycle_finder_finds_a_cycle():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [
+      "a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_at_most_ten_top_level_modules():
+  top = sorted(p.name for p in PACKAGE.glob("*.py"))
+  assert len(top) <= 10, top
+
+
+def test_stages_are_folders():
+  folders = {p.name for p in PACKAGE.iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+  assert {"text", "data", "model", "training", "finetune", "interop", "ops",
+          "tools"} <= folders
+
+
+def test_no_name_is_imported_through_a_shim():
+  """Every `from albert_jax.X import Y` names a module, or something X
+  defines itself; the top-level package's lazy public API is the one
+  exception (that is the API users import from)."""
+  modules = _modules()
+  users = dict(modules)
+  for path in sorted((REPO / "tests").rglob("*.py")) + sorted(
+      (REPO / "experiments").rglob("*.py")):
+    users[str(path.relative_to(REPO))] = ast.parse(
+        path.read_text(encoding="utf-8"))
+  shims = []
+  for user, tree in users.items():
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.ImportFrom) and node.level == 0 and
+              (node.module or "").startswith("albert_jax.")):
+        continue
+      target = modules.get(node.module)
+      if target is None:
+        shims.append(f"{user}: no module {node.module}")
+        continue
+      own = _defined(target)
+      for alias in node.names:
+        if (f"{node.module}.{alias.name}" not in modules
+            and alias.name not in own):
+          shims.append(f"{user}: {node.module}.{alias.name}")
+  assert not shims, "\n".join(shims)

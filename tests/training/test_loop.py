@@ -1,0 +1,104 @@
+"""The shared training loop: the non-finite guard and its stop."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax.training import checkpoints
+from albert_jax.training import loop
+
+
+def test_guard_counts_consecutive_skips_and_names_parameters(caplog):
+  guard = loop.NonFiniteGuard(3, ["a/kernel", "b/bias"])
+  with caplog.at_level(logging.WARNING, logger="albert_jax.training.loop"):
+    guard.update(1, 1.0, np.array([True, False]))
+  assert "Step 1" in caplog.text and "a/kernel" in caplog.text
+  guard.update(2, 1.0, np.array([False, False]))
+  guard.update(3, 0.0, np.array([False, False]))  # a finite step resets
+  assert (guard.streak, guard.total) == (0, 2)
+  guard.update(4, 1.0, np.array([False, True]))
+  guard.update(5, 1.0, np.array([False, True]))
+  with pytest.raises(loop.NonFiniteError) as e:
+    guard.update(6, 1.0, np.array([True, True]))
+  message = str(e.value)
+  assert "Stopped at step 6" in message
+  assert "last 3 steps" in message
+  assert "a/kernel, b/bias" in message
+  assert "learning_rate" in message and "max_consecutive_nonfinite" in message
+  assert guard.total == 5
+
+
+def test_guard_names_the_loss_when_no_gradient_is_bad():
+  guard = loop.NonFiniteGuard(1, ["w"])
+  with pytest.raises(loop.NonFiniteError, match=r"none \(the loss itself\)"):
+    guard.update(1, 1.0, np.array([False]))
+
+
+def test_guard_refuses_a_nonpositive_limit():
+  with pytest.raises(ValueError, match="max_consecutive_nonfinite"):
+    loop.NonFiniteGuard(0, [])
+
+
+def _config(**overrides):
+  return ml_collections.ConfigDict({**dict(
+      num_train_steps=10, log_every_steps=4, eval_every_steps=100,
+      checkpoint_every_steps=100, batch_size=2, seed=0,
+      max_consecutive_nonfinite=3, peak_tflops_per_device=0.0), **overrides})
+
+
+def _fake_step(first_bad: int):
+  """A train step whose updates turn non-finite from step `first_bad` on:
+  like the real step, it then keeps the parameters and flags the leaf."""
+  def step(state, batch):
+    del batch
+    bad = state["step"] + 1 >= first_bad
+    params = {"w": jnp.where(bad, state["params"]["w"],
+                             state["params"]["w"] + 1.0)}
+    metrics = {"loss": jnp.where(bad, jnp.nan, 1.0),
+               "skipped": bad.astype(jnp.float32),
+               "nonfinite_grads": jnp.stack([bad])}
+    return {"step": state["step"] + 1, "params": params}, metrics
+  return jax.jit(step)
+
+
+def _fit(tmp_path, first_bad, **config):
+  config = _config(**config)
+  state = {"step": jnp.zeros([], jnp.int32), "params": {"w": jnp.zeros(2)}}
+  mngr = checkpoints.manager(str(tmp_path), async_save=False)
+  batches = ((i, None) for i in range(config.num_train_steps))
+  return mngr, loop.fit(
+      config, state=state, train_step=_fake_step(first_bad), batches=batches,
+      start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
+      evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
+      param_paths=["w"])
+
+
+def test_fit_stops_after_consecutive_nonfinite_steps_and_saves(tmp_path):
+  with pytest.raises(loop.NonFiniteError, match="Stopped at step 7") as e:
+    _fit(tmp_path, first_bad=5)
+  # The guard reads each step's flags one step late, so step 8 had already
+  # run (and been skipped) when the run stopped; that state is saved, with
+  # the parameters of the last finite step (4).
+  assert f"saved as checkpoint 8 in {tmp_path}" in str(e.value)
+  mngr = checkpoints.manager(str(tmp_path), async_save=False)
+  assert mngr.latest_step() == 8
+  abstract = {"step": jax.ShapeDtypeStruct([], jnp.int32),
+              "params": {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}}
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  restored, _ = checkpoints.restore_latest(
+      mngr, abstract, jax.tree.map(lambda _: sharding, abstract))
+  np.testing.assert_array_equal(restored["params"]["w"], [4.0, 4.0])
+
+
+def test_fit_counts_isolated_skips_and_finishes(tmp_path):
+  """Fewer bad steps in a row than the limit: the run completes and reports
+  how many it skipped."""
+  _, out = _fit(tmp_path, first_bad=9, max_consecutive_nonfinite=5)
+  assert out.preempted_at is None
+  assert out.skipped_steps == 2
+  assert int(out.state["step"]) == 10
+  np.testing.assert_array_equal(out.state["params"]["w"], [8.0, 8.0])

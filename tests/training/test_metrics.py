@@ -1,0 +1,109 @@
+"""TensorBoard events and metrics.jsonl, the progress bar and the MFU peak
+table."""
+
+import glob
+import io
+import time
+
+import pytest
+from tensorboardX import record_writer
+
+from albert_jax.model import flops
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import metrics
+
+
+def _write_two_steps(logdir):
+  w = metrics.Writer(str(logdir))
+  w.write(3, {"train/loss": 1.5, "eval/mlm_accuracy": 0.25})
+  w.write(7, {"train/loss": 1.25, "train/mfu": None, "bad": float("nan")})
+  w.close()
+
+
+def test_event_file_is_readable_by_tensorflow(tmp_path):
+  tf = pytest.importorskip("tensorflow")
+  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+  _write_two_steps(tmp_path)
+  (path,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+  # TFRecordDataset checks both CRCs of every record.
+  events = [event_pb2.Event.FromString(r.numpy())
+            for r in tf.data.TFRecordDataset(path)]
+  assert events[0].file_version == "brain.Event:2"
+  got = [(e.step, [(v.tag, v.simple_value) for v in e.summary.value])
+         for e in events[1:]]
+  assert got == [(3, [("train/loss", 1.5)]), (3, [("eval/mlm_accuracy", 0.25)]),
+                 (7, [("train/loss", 1.25)])]
+  assert all(abs(e.wall_time - time.time()) < 60 for e in events)
+
+
+def test_metrics_jsonl_has_a_line_per_write(tmp_path):
+  _write_two_steps(tmp_path)
+  assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [
+      '{"step": 3, "train/loss": 1.5, "eval/mlm_accuracy": 0.25}',
+      '{"step": 7, "train/loss": 1.25}']
+
+
+def test_gs_event_files_go_through_epath(tmp_path):
+  metrics.Writer(str(tmp_path)).close()
+  assert isinstance(record_writer.REGISTERED_FACTORIES["gs"],
+                    metrics._EpathEventFiles)  # pylint: disable=protected-access
+  path = tmp_path / "events"
+  f = metrics._EpathEventFile(str(path))  # pylint: disable=protected-access
+  f.write(b"ab")
+  assert not path.exists()
+  f.flush()
+  assert path.read_bytes() == b"ab"
+  f.write(b"cd")
+  f.close()
+  assert path.read_bytes() == b"abcd"
+  path.unlink()
+  f.flush()
+  f.close()  # nothing is written after close
+  assert not path.exists()
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+  w = metrics.Writer(str(tmp_path / "x"), enabled=False)
+  w.write(1, {"a": 1.0})
+  w.close()
+  assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind,peak", [
+    ("TPU v4", 275.0), ("TPU v5 lite", 197.0), ("TPU v5p", 459.0),
+    ("TPU v6 lite", 918.0), ("TPU v3", 123.0), ("NVIDIA H100 80GB HBM3", 989.0),
+    ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0), ("cpu", None)])
+def test_peak_lookup(kind, peak):
+  assert metrics.peak_tflops(kind) == peak
+  assert metrics.peak_tflops(kind, override=100.0) == 100.0
+
+
+def test_mfu_formula():
+  cfg = ModelConfig(vocab_size=100, embedding_size=8, hidden_size=16,
+                    num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=16)
+  per_step = flops.training_flops_per_step(cfg, 4, 16, 3)
+  # Half of 2 devices' peak achieved when a step takes per_step/peak seconds.
+  peak = 1e12
+  assert flops.mfu(per_step, per_step / peak, 2 * peak) == pytest.approx(0.5)
+
+
+def test_progress_lines_without_a_terminal():
+  out = io.StringIO()
+  p = metrics.Progress(total=20, start=0, stream=out, every=10)
+  for step in range(1, 21):
+    p.update(step, {"loss": 2.0 - step / 20, "seq_per_sec": 8.0})
+  lines = out.getvalue().splitlines()
+  assert len(lines) == 2
+  assert lines[0].startswith("10/20 ") and "loss 1.5" in lines[0]
+  assert lines[1].startswith("20/20 ") and "ETA 0:00" in lines[1]
+  assert "seq/s 8" in lines[1]
+
+
+def test_final_summary_mentions_baseline():
+  text = metrics.final_summary({
+      "step": 400, "eval_mlm_accuracy": 0.1, "eval_mlm_loss": 5.0,
+      "eval_sop_accuracy": 0.55, "eval_unigram_baseline_accuracy": 0.05})
+  assert "MLM accuracy 0.1000 (unigram-frequency baseline 0.0500)" in text
+  assert "SOP accuracy 0.5500" in text
+  assert "SIGTERM" in metrics.final_summary({"preempted_at": 7})
