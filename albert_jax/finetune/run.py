@@ -225,7 +225,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   out = _fit(config, workdir, setup, start, train, evaluate=_evaluator(
       setup, predict, eval_batch, data_sharding), data_sharding=data_sharding)
   if out.preempted_at is not None:
-    return {"preempted_at": out.preempted_at}
+    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by}
   final_step, best_step, params = _best_params(workdir, out, start)
   best_eval, written = _best_predictions(
       setup, predict, params, eval_batch, data_sharding,

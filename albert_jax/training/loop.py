@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import Any, Callable, Iterable
 
@@ -153,32 +154,52 @@ def record_config(config, workdir: str) -> None:
 
 
 class Preemption:
-  """Turns SIGTERM into a flag the loop checks between steps."""
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a request the loop checks
+  between steps: the step in progress finishes, is saved, and the run ends
+  cleanly. A second Ctrl-C stops at once (KeyboardInterrupt), still keeping
+  the newest finished checkpoint."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
-    self.requested = False
-    self._previous = None
+    self.requested: str | None = None  # the first signal's name
+    self._previous = {}
 
   def __enter__(self):
     def handler(signum, frame):
-      del signum, frame
-      self.requested = True
-    try:
-      self._previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-      self._previous = None
+      del frame
+      if signum == signal.SIGINT and self.requested == "SIGINT":
+        raise KeyboardInterrupt
+      if self.requested is None:
+        self.requested = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+          sys.stderr.write("\nCtrl-C: saving after this step and stopping "
+                           "(press Ctrl-C again to stop at once).\n")
+    for signum in self.SIGNALS:
+      try:
+        self._previous[signum] = signal.signal(signum, handler)
+      except ValueError:  # not the main thread
+        pass
     return self
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
+
+  @property
+  def name(self) -> str:
+    """The signal that stopped the run ("SIGTERM" when it came to another
+    host)."""
+    return self.requested or "SIGTERM"
 
   def agreed(self) -> bool:
     """All hosts stop together, or none does."""
     if jax.process_count() == 1:
-      return self.requested
+      return self.requested is not None
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    flags = multihost_utils.process_allgather(np.asarray(self.requested))
+    flags = multihost_utils.process_allgather(
+        np.asarray(self.requested is not None))
     return bool(np.any(flags))
 
 
@@ -221,6 +242,7 @@ class FitResult:
   last_eval: dict[str, float]
   preempted_at: int | None
   skipped_steps: int
+  stopped_by: str | None = None  # the signal that stopped it early
 
 
 def fit(config, *, state, train_step: Callable, batches: Iterable,
@@ -256,20 +278,25 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
              tokens_per_sequence=tokens_per_sequence, param_paths=param_paths,
              best_key=best_key)
   with Preemption() as preemption:
-    for step, batch in batches:
-      done, m = run.train(step, batch)
-      last = done == config.num_train_steps
-      if done % config.log_every_steps == 0 or last:
-        run.log_train(done, m)
-      if done % config.eval_every_steps == 0 and not last:
-        run.evaluate(done)
-      if done % config.checkpoint_every_steps == 0 and not last:
-        run.save(done)
-      if preemption.agreed():
-        log.warning("SIGTERM: saving step %d and stopping.", done)
-        run.shutdown(done)
-        return run.result(preempted_at=done)
-    run.finish()  # a SIGTERM now waits for the final checkpoint
+    try:
+      for step, batch in batches:
+        done, m = run.train(step, batch)
+        last = done == config.num_train_steps
+        if done % config.log_every_steps == 0 or last:
+          run.log_train(done, m)
+        if done % config.eval_every_steps == 0 and not last:
+          run.evaluate(done)
+        if done % config.checkpoint_every_steps == 0 and not last:
+          run.save(done)
+        if preemption.agreed():
+          log.warning("%s: saving step %d and stopping.", preemption.name,
+                      done)
+          run.shutdown(done)
+          return run.result(preempted_at=done, stopped_by=preemption.name)
+      run.finish()  # a signal now waits for the final checkpoint
+    except BaseException:
+      run.abandon()
+      raise
   run.writer.close()
   return run.result()
 
@@ -310,9 +337,10 @@ class _Fit:
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
 
-  def result(self, preempted_at: int | None = None) -> FitResult:
+  def result(self, preempted_at: int | None = None,
+             stopped_by: str | None = None) -> FitResult:
     return FitResult(self.state, self.last_eval, preempted_at,
-                     self.guard.total)
+                     self.guard.total, stopped_by)
 
   def train(self, step: int, batch) -> tuple[int, Any]:
     """Runs step `step` (checking the one before): (steps done, metrics)."""
@@ -393,6 +421,17 @@ class _Fit:
       self.evaluate(final_step)
     self.save(final_step, force=True)
     self.mngr.wait_until_finished()
+
+  def abandon(self) -> None:
+    """On an error: lets a checkpoint still being written (saves are
+    asynchronous) finish before the error ends the process, so it is not
+    left as a temporary directory that a resume skips."""
+    try:
+      self.mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      log.warning("The checkpoint being written when the run failed could "
+                  "not be finished: %s", e)
+    self.writer.close()
 
   def shutdown(self, step: int) -> None:
     """Saves step `step` and closes the run before its end."""

@@ -186,8 +186,9 @@ def _duration(seconds: float) -> str:
 def final_summary(result: Mapping[str, float]) -> str:
   """The closing lines of a run: MLM accuracy beside the unigram baseline."""
   if "preempted_at" in result:
-    return (f"Stopped by SIGTERM after step {result['preempted_at']}; the "
-            "checkpoint is saved and the same command resumes.")
+    return (f"Stopped by {result.get('stopped_by') or 'SIGTERM'} after "
+            f"step {result['preempted_at']}; the checkpoint is saved and the "
+            "same command resumes.")
   lines = [f"Finished at step {result.get('step')}."]
   if "eval_mlm_accuracy" in result:
     lines.append(

@@ -140,7 +140,7 @@ def run(config, workdir: str) -> dict[str, Any]:
       param_paths=list(tree_lib.flatten(state["params"])),
       best_key=config.best_metric)
   if out.preempted_at is not None:
-    return {"preempted_at": out.preempted_at}
+    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by}
   final_step = int(jax.device_get(out.state["step"]))
   result = {"step": final_step, "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in out.last_eval.items()}}

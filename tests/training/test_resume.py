@@ -59,6 +59,8 @@ from albert_jax.training import step as step_lib
 
 hang_at = int(os.environ.get("RESUME_TEST_HANG_AT", -1))
 term_at = int(os.environ.get("RESUME_TEST_SIGTERM_AT", -1))
+int_at = int(os.environ.get("RESUME_TEST_SIGINT_AT", -1))
+raise_at = int(os.environ.get("RESUME_TEST_RAISE_AT", -1))
 dump = os.environ.get("RESUME_TEST_DUMP")
 last = {}
 make = step_lib.jit_train_step
@@ -73,6 +75,12 @@ def jit_train_step(*args, **kwargs):
     if step == term_at:
       print(f"HOOK: SIGTERM at step {step}", flush=True)
       os.kill(os.getpid(), signal.SIGTERM)
+    if step == int_at:
+      print(f"HOOK: SIGINT at step {step}", flush=True)
+      os.kill(os.getpid(), signal.SIGINT)
+    if step == raise_at:
+      print(f"HOOK: raising at step {step}", flush=True)
+      raise RuntimeError("an error from the hook")
     out = run(state, batch)
     last["state"] = out[0]
     return out
@@ -323,3 +331,35 @@ def test_load_pretrained_matches_trainer(runs, dataset):
     np.testing.assert_array_equal(np.asarray(got[key]),
                                   np.asarray(want[key]), err_msg=key)
   assert model.model_config.hidden_dropout_prob == 0.1  # as trained
+
+
+def _complete_steps(workdir):
+  """(finished checkpoint steps, names of unfinished `*tmp*` entries)."""
+  root = os.path.join(workdir, "checkpoints")
+  names = os.listdir(root) if os.path.isdir(root) else []
+  return (sorted(int(n) for n in names if n.isdigit()),
+          sorted(n for n in names if "tmp" in n))
+
+
+def test_sigint_saves_and_exits_cleanly(dataset, tmp_path):
+  """Ctrl-C is handled like SIGTERM: the step in progress finishes, is
+  saved, and the run exits 0 saying how to resume."""
+  run = Run("interrupted", tmp_path / "w", dataset, tmp_path,
+            sigint_at=TERM_AT)
+  assert run.wait() == 0, run.describe()
+  assert "HOOK: SIGINT at step 10" in run.output
+  assert "Stopped by SIGINT after step 11" in run.output, run.describe()
+  assert "the same command resumes" in run.output
+  assert _complete_steps(run.workdir) == ([3, 6, 9, 11], [])
+
+
+def test_an_error_keeps_the_checkpoint_being_written(dataset, tmp_path):
+  """An exception right after a periodic save starts (asynchronously) waits
+  for that save before it propagates: step 9 is finished on disk, not left
+  as a temporary directory that a resume would skip."""
+  run = Run("failing", tmp_path / "w", dataset, tmp_path, raise_at=9)
+  assert run.wait() != 0, run.describe()
+  assert "HOOK: raising at step 9" in run.output
+  assert "an error from the hook" in run.output
+  assert _complete_steps(run.workdir) == ([3, 6, 9], []), run.describe()
+
