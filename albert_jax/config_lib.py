@@ -142,6 +142,8 @@ def _run_fields(c: ml_collections.ConfigDict, optimizer: str,
   """Batch, steps, optimizer, mesh and sharding rules: the fields every run
   (pre-training or fine-tuning) has."""
   c.batch_size = batch_size  # global, across all hosts
+  # A run leases its workdir; True takes over another run's live lease.
+  c.take_over_workdir = False
   c.accumulation_steps = 1   # micro-batches per step, inside the jitted step
   c.num_train_steps = num_train_steps
   c.optimizer = ml_collections.ConfigDict(dict(

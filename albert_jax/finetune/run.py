@@ -41,8 +41,10 @@ from albert_jax.model import flops as flops_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.text import run_tokenizer
 from albert_jax.training import checkpoints
+from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import recipe
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
 
@@ -212,7 +214,14 @@ class _Setup:
 
 def run(config, workdir: str) -> dict[str, Any]:
   """Fine-tunes per `config` in `workdir`; returns the final metrics."""
+  recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
+  with lease_lib.acquire(workdir, config.get("take_over_workdir", False)):
+    return _run(config, workdir)
+
+
+def _run(config, workdir: str) -> dict[str, Any]:
+  """`run`'s work, with the workdir checked and leased."""
   mesh, rules = loop.mesh_and_rules(config)
   setup = _setup(config)
   objective, tx, schedule, start = _start_state(config, workdir, setup, mesh,

@@ -28,6 +28,7 @@ import numpy as np
 from albert_jax.model import flops as flops_lib
 from albert_jax.training import checkpoints
 from albert_jax.training import metrics as metrics_lib
+from albert_jax.training import recipe
 from albert_jax.training import state as state_lib
 
 log = logging.getLogger(__name__)
@@ -140,11 +141,13 @@ def prepare_workdir(workdir: str) -> None:
 
 
 def record_config(config, workdir: str) -> None:
-  """Writes the resolved config and the git commit beside the checkpoints.
+  """Writes the resolved config, its recipe (`recipe.record`) and the git
+  commit beside the checkpoints.
 
   Called once the state is known to fit the config, so a rerun with another
   config cannot leave a config.json that does not describe the checkpoints.
   """
+  recipe.record(config, workdir)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))

@@ -22,8 +22,10 @@ from albert_jax import tree as tree_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.text import run_tokenizer
+from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import recipe
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
@@ -67,11 +69,22 @@ def most_frequent_target(loader, num_batches: int = 4) -> int:
 
 
 def run(config, workdir: str) -> dict[str, Any]:
-  """Pre-trains per `config` in `workdir`; returns the final metrics."""
-  ##############################################################################
-  # Workdir, tokenizer and prepared data.
-  ##############################################################################
+  """Pre-trains per `config` in `workdir`; returns the final metrics.
+
+  The recipe is checked before anything is written (`recipe.check`), and the
+  workdir is leased to this run while it trains (`lease.acquire`).
+  """
+  recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
+  with lease_lib.acquire(workdir, config.get("take_over_workdir", False)):
+    return _train(config, workdir)
+
+
+def _train(config, workdir: str) -> dict[str, Any]:
+  """`run`'s work, with the workdir checked and leased."""
+  ##############################################################################
+  # Tokenizer and prepared data.
+  ##############################################################################
   mesh, rules = loop.mesh_and_rules(config)
   tokenizer = run_tokenizer.ensure(config, workdir)
   data_dir = pipeline.ensure_dataset(config, workdir, tokenizer)

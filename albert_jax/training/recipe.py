@@ -1,0 +1,184 @@
+"""A run's recipe: recorded in its workdir, checked when the run resumes.
+
+Without it, a rerun in the same workdir with an architecture that keeps the
+weight shapes (more layers under share=all, another activation), another
+corpus or another tokenizer of the same size would silently go on training
+something else from the same checkpoint.
+
+WORKDIR/recipe.json holds
+  - "config": every config field, as dotted keys, except those a resumed run
+    may change (`MAY_CHANGE`) and those that name files;
+  - "files": a content fingerprint of every file the config's `data` section
+    names (corpus globs, the tokenizer, fine-tuning files; a prepared
+    data_dir's dataset.json), and of the tokenizer the run trained into the
+    workdir. A file may move (another path, a copy in another bucket); its
+    content may not change;
+  - "num_train_steps", which may grow but not shrink.
+
+`check` runs before anything is written: a rerun whose recipe differs is
+refused with the differences listed, and the workdir is left as it was.
+`record` writes the recipe once the state is restored or created.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+
+from albert_jax.data import documents as documents_lib
+from albert_jax.text import run_tokenizer
+
+RECIPE = "recipe.json"
+
+# What a resumed run may change: cadences, evaluation and retention, how
+# the step is laid out on devices (a checkpoint restores onto any mesh, and
+# accumulation gives the same gradient), host-side data workers, and a
+# pre-training config's fine-tuning stage (a run of its own, in its own
+# workdir, with its own recipe). num_train_steps may grow.
+MAY_CHANGE = (
+    "log_every_steps", "eval_every_steps", "eval_batches", "eval_batch_size",
+    "checkpoint_every_steps", "keep_checkpoints", "async_checkpoints",
+    "best_metric", "max_consecutive_nonfinite", "peak_tflops_per_device",
+    "fast_compile", "mesh", "sharding_rules", "accumulation_steps",
+    "data.num_workers", "data.prefetch", "model.remat", "model.attention_impl",
+    "finetune", "take_over_workdir", "num_train_steps")
+# Read in blocks from both ends of a file: enough to tell a changed corpus or
+# tokenizer from the same one, without reading gigabytes on every start.
+_BLOCK = 1 << 20
+
+
+class RecipeError(ValueError):
+  """A rerun whose recipe differs from the one its checkpoints were
+  trained with."""
+
+
+def _fingerprint(path: str) -> str:
+  """"size:sha256" of a file's first and last MiB; for a directory, of each
+  of its files by name."""
+  if os.path.isdir(path):
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+      if os.path.isfile(os.path.join(path, name)):
+        digest.update(f"{name}={_fingerprint(os.path.join(path, name))};"
+                      .encode())
+    return "dir:" + digest.hexdigest()[:32]
+  size = os.path.getsize(path)
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    digest.update(f.read(_BLOCK))
+    if size > 2 * _BLOCK:
+      f.seek(size - _BLOCK)
+    digest.update(f.read())
+  return f"{size}:{digest.hexdigest()[:32]}"
+
+
+def _named_files(key: str, value: Any) -> list[str] | None:
+  """The files a `data` field names, or None if it names none (a number,
+  a TFDS dataset, an empty path)."""
+  if not isinstance(value, str) or not value:
+    return None
+  if key == "data.corpus":
+    value = documents_lib.corpus_pattern(value)
+  if key == "data.data_dir":
+    metadata = os.path.join(value, "dataset.json")
+    return [metadata] if os.path.isfile(metadata) else None
+  if os.path.exists(value):
+    return [value]
+  matches = sorted(p for pattern in value.split(",") if pattern.strip()
+                   for p in glob.glob(pattern.strip()))
+  return [p for p in matches if os.path.isfile(p)] or None
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, Mapping):
+      out.update(_flatten(value, name + "."))
+    else:
+      out[name] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
+def _may_change(key: str) -> bool:
+  return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
+
+
+def recipe(config, workdir: str) -> dict[str, Any]:
+  """The recipe of `config`'s run in `workdir` (see the module docstring)."""
+  values = json.loads(config.to_json_best_effort())
+  flat = _flatten(values)
+  files = {}
+  for key, value in flat.items():
+    if key.startswith("data."):
+      named = _named_files(key, value)
+      if named is not None:
+        files[key] = [_fingerprint(p) for p in named]
+  if "data.tokenizer" not in files and "data" in values:
+    try:
+      own = run_tokenizer.workdir_path(values, workdir)
+    except ValueError:  # a bad tokenizer_type: the run reports it itself
+      own = None
+    if own and os.path.exists(own):
+      files["data.tokenizer"] = [_fingerprint(own)]
+  return {"config": {k: v for k, v in flat.items()
+                     if not _may_change(k) and k not in files},
+          "files": files,
+          "num_train_steps": values.get("num_train_steps")}
+
+
+def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+  lines = []
+  for key in sorted(set(old["config"]) | set(new["config"])):
+    was = old["config"].get(key, "(not set)")
+    now = new["config"].get(key, "(not set)")
+    if was != now:
+      lines.append(f"  {key}: {was!r} → {now!r}")
+  for key in sorted(set(old["files"]) | set(new["files"])):
+    was, now = old["files"].get(key), new["files"].get(key)
+    if was != now:
+      what = ("no longer found" if now is None else
+              "was not recorded" if was is None else
+              f"{len(was)} → {len(now)} files" if len(was) != len(now) else
+              "content changed")
+      lines.append(f"  {key}: {what}")
+  was, now = old.get("num_train_steps"), new.get("num_train_steps")
+  if was is not None and now is not None and now < was:
+    lines.append(f"  num_train_steps: {was} → {now} (it may grow, not "
+                 "shrink: the learning-rate schedule has run past it)")
+  return lines
+
+
+def check(config, workdir: str) -> None:
+  """Refuses to resume `workdir` with another recipe; writes nothing.
+
+  Raises:
+    RecipeError: the differences, one per line, and what to do.
+  """
+  path = os.path.join(workdir, RECIPE)
+  if not os.path.isfile(path):
+    return  # a new run, or one from before recipes were recorded
+  with open(path, encoding="utf-8") as f:
+    old = json.load(f)
+  lines = _differences(old, recipe(config, workdir))
+  if lines:
+    raise RecipeError(
+        f"{workdir} holds a run trained with another recipe; refusing to "
+        "resume it with:\n" + "\n".join(lines) + "\nRerun with the recorded "
+        f"values ({path}), or start in a new workdir. Fields that may change "
+        f"on resume: {', '.join(MAY_CHANGE)} (num_train_steps upwards).")
+
+
+def record(config, workdir: str) -> None:
+  """Writes WORKDIR/recipe.json (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  tmp = os.path.join(workdir, RECIPE + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(recipe(config, workdir), f, indent=2, sort_keys=True)
+  os.replace(tmp, os.path.join(workdir, RECIPE))

@@ -1,0 +1,123 @@
+"""One owner per workdir (training/lease.py)."""
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from albert_jax.training import lease as lease_lib
+from albert_jax.training import pretrain
+from training.test_resume import Run  # pylint: disable=g-bad-import-order
+from training.test_resume import fixture_dataset  # noqa: F401  pylint: disable=unused-import
+
+
+def _held(workdir):
+  with open(os.path.join(workdir, lease_lib.LEASE), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_a_second_run_is_refused_until_the_first_releases(tmp_path):
+  first = lease_lib.acquire(str(tmp_path))
+  with pytest.raises(lease_lib.WorkdirBusyError) as error:
+    lease_lib.acquire(str(tmp_path))
+  message = str(error.value)
+  assert f"pid {os.getpid()} on {socket.gethostname()}" in message
+  assert "heartbeat 0 s ago" in message
+  assert "--config.take_over_workdir=True" in message
+  first.release()
+  assert not os.path.exists(tmp_path / lease_lib.LEASE)
+  with lease_lib.acquire(str(tmp_path)):
+    assert _held(tmp_path)["pid"] == os.getpid()
+  assert not os.path.exists(tmp_path / lease_lib.LEASE)
+
+
+def test_the_heartbeat_advances(tmp_path):
+  with lease_lib.acquire(str(tmp_path), heartbeat_seconds=0.05):
+    first = _held(tmp_path)["heartbeat"]
+    deadline = time.time() + 10
+    while _held(tmp_path)["heartbeat"] == first and time.time() < deadline:
+      time.sleep(0.05)
+    assert _held(tmp_path)["heartbeat"] > first
+
+
+def _leave_lease(workdir, **fields):
+  record = {"owner": "other", "host": "another-host", "pid": 1,
+            "started": time.time(), "heartbeat": time.time(), **fields}
+  with open(os.path.join(workdir, lease_lib.LEASE), "w",
+            encoding="utf-8") as f:
+    json.dump(record, f)
+
+
+def test_a_stale_lease_is_taken_over_and_said_so(tmp_path, caplog):
+  _leave_lease(tmp_path, heartbeat=time.time() - 500)
+  with caplog.at_level(logging.WARNING):
+    with lease_lib.acquire(str(tmp_path), stale_seconds=120):
+      assert _held(tmp_path)["pid"] == os.getpid()
+  assert "pid 1 on another-host (heartbeat 500 s ago)" in caplog.text
+  assert "its heartbeat is stale" in caplog.text
+
+
+def test_a_killed_runs_lease_on_this_host_is_taken_over_at_once(tmp_path,
+                                                                caplog):
+  ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True)
+  _leave_lease(tmp_path, host=socket.gethostname(), pid=int(ended.stdout))
+  with caplog.at_level(logging.WARNING):
+    with lease_lib.acquire(str(tmp_path)):
+      pass
+  assert "its process is gone" in caplog.text
+
+
+def test_a_live_lease_on_another_host_is_refused(tmp_path):
+  _leave_lease(tmp_path)  # pid 1 exists here, but on "another-host"
+  with pytest.raises(lease_lib.WorkdirBusyError,
+                     match="pid 1 on another-host"):
+    lease_lib.acquire(str(tmp_path))
+
+
+def test_take_over_flag_and_the_old_owner_lets_go(tmp_path, caplog):
+  old = lease_lib.acquire(str(tmp_path))
+  with caplog.at_level(logging.WARNING):
+    new = lease_lib.acquire(str(tmp_path), take_over=True)
+  assert "--config.take_over_workdir=True" in caplog.text
+  assert old.lost and not new.lost
+  old.release()  # must not delete the new owner's lease
+  assert _held(tmp_path)["owner"] == new.owner
+  new.release()
+  assert not os.path.exists(tmp_path / lease_lib.LEASE)
+
+
+def test_a_second_training_run_on_a_busy_workdir_is_refused(dataset,
+                                                            tmp_path):
+  """The journey: a run (held at step 8 by a hook) owns its workdir; the
+  same run started again refuses, naming the first, and changes nothing."""
+  first = Run("first", tmp_path / "w", dataset, tmp_path, hang_at=8)
+  try:
+    deadline = time.time() + 300
+    while "HOOK: holding at step 8" not in first.output:
+      assert first.proc.poll() is None, first.describe()
+      assert time.time() < deadline, first.describe()
+      time.sleep(0.2)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "w").iterdir()
+              if p.is_file() and p.name != lease_lib.LEASE}
+    with pytest.raises(lease_lib.WorkdirBusyError,
+                       match=f"pid {first.proc.pid} on "):
+      pretrain.run(_config_of(first), first.workdir)
+    assert before == {p.name: p.read_bytes() for p in (tmp_path / "w").iterdir()
+                      if p.is_file() and p.name != lease_lib.LEASE}
+    assert _held(first.workdir)["pid"] == first.proc.pid
+  finally:
+    first.proc.kill()
+    first.wait()
+
+
+def _config_of(run):
+  """The config the CLI run recorded, as a ConfigDict."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))
