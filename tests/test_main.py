@@ -70,11 +70,13 @@ def test_run_builds_data_trains_and_reports(trained_run):
   assert "held-out MLM accuracy" in proc.stdout
   assert "unigram-frequency baseline" in proc.stdout
   assert "held-out SOP accuracy" in proc.stdout
+  assert "majority-class share" in proc.stdout
   final = json.load(open(os.path.join(workdir, "final_metrics.json")))
   assert final["step"] == 12
   for key in ("eval_mlm_accuracy", "eval_mlm_loss", "eval_sop_accuracy",
               "eval_unigram_baseline_accuracy"):
     assert 0.0 <= final[key] < 20.0, key
+  assert 0.5 <= final["eval_sentence_majority_share"] <= 1.0
 
 
 def test_run_records_config_commit_and_metrics(trained_run):

@@ -197,8 +197,10 @@ def final_summary(result: Mapping[str, float]) -> str:
         f"{result.get('eval_unigram_baseline_accuracy', float('nan')):.4f}), "
         f"MLM loss {result['eval_mlm_loss']:.3f}")
   if "eval_sop_accuracy" in result:
+    share = result.get("eval_sentence_majority_share")
     lines.append(f"held-out SOP accuracy {result['eval_sop_accuracy']:.4f} "
-                 "(chance 0.5)")
+                 + (f"(majority-class share {share:.4f})" if share is not None
+                    else "(chance 0.5)"))
   if "task" in result:  # a fine-tuning run
     lines[0] = (f"Fine-tuned on {result.get('data', result['task'])} to "
                 f"step {result.get('step')}; best checkpoint: step "

@@ -40,22 +40,30 @@ def evaluate(eval_step, params, eval_loader, num_batches: int,
 
   `metrics_from_sums` is the objective's `metrics`; with `baseline_id`,
   also the accuracy of always guessing that token at the masked positions.
+  Where rows have sentence labels, also `sentence_majority_share`: the
+  accuracy of always guessing the commoner label (a sentence head that
+  learned nothing scores it, not 0.5). Baselines count this host's rows.
   """
   total = None
   hits = seen = 0.0
+  labels = np.zeros(2, np.int64)
   for step in range(num_batches):
     batch = eval_loader.batch(step)
     sums = jax.device_get(eval_step(params, batch))
     total = sums if total is None else jax.tree.map(np.add, total, sums)
+    local = eval_loader.local_batch(step)
     if baseline_id is not None:
-      local = eval_loader.local_batch(step)
       w = local["masked_weights"] > 0
       hits += float(np.sum((local["masked_ids"] == baseline_id) & w))
       seen += float(np.sum(w))
+    labels += np.bincount(local["sentence_labels"][
+        local["sentence_labels"] >= 0], minlength=2)[:2]
   out = {k: float(v) for k, v in metrics_from_sums(
       jax.tree.map(jnp.asarray, total)).items()}
   if baseline_id is not None:
     out["unigram_baseline_accuracy"] = hits / max(seen, 1.0)
+  if labels.sum():
+    out["sentence_majority_share"] = float(labels.max() / labels.sum())
   return out
 
 

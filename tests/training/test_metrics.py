@@ -5,12 +5,14 @@ import glob
 import io
 import time
 
+import numpy as np
 import pytest
 from tensorboardX import record_writer
 
 from albert_jax.model import flops
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import metrics
+from albert_jax.training import pretrain
 
 
 def _write_two_steps(logdir):
@@ -105,5 +107,28 @@ def test_final_summary_mentions_baseline():
       "step": 400, "eval_mlm_accuracy": 0.1, "eval_mlm_loss": 5.0,
       "eval_sop_accuracy": 0.55, "eval_unigram_baseline_accuracy": 0.05})
   assert "MLM accuracy 0.1000 (unigram-frequency baseline 0.0500)" in text
-  assert "SOP accuracy 0.5500" in text
+  assert "SOP accuracy 0.5500 (chance 0.5)" in text
   assert "SIGTERM" in metrics.final_summary({"preempted_at": 7})
+  assert "Stopped by SIGINT after step 7" in metrics.final_summary(
+      {"preempted_at": 7, "stopped_by": "SIGINT"})
+  text = metrics.final_summary({
+      "step": 400, "eval_sop_accuracy": 0.51953125,
+      "eval_sentence_majority_share": 0.51953125})
+  assert "SOP accuracy 0.5195 (majority-class share 0.5195)" in text
+
+
+def test_eval_reports_the_sentence_labels_majority_share():
+  """`pretrain.evaluate`: the share of the commoner sentence label over the
+  evaluated rows (unlabelled rows, -1, not counted)."""
+  class Loader:
+    labels = [np.array([0, 0, 1, -1]), np.array([0, 1, 0, 0])]
+
+    def batch(self, step):
+      return step
+
+    def local_batch(self, step):
+      return {"sentence_labels": self.labels[step]}
+
+  out = pretrain.evaluate(lambda params, batch: {"n": np.float32(1)}, None,
+                          Loader(), 2, lambda sums: {"n": sums["n"]})
+  assert out == {"n": 2.0, "sentence_majority_share": 5 / 7}
