@@ -32,13 +32,15 @@ def workdir(tmp_path_factory):
   return str(path)
 
 
-@pytest.mark.parametrize("optimizer,lr", [("lamb", 2e-2), ("adamw", 1e-3)])
+@pytest.mark.parametrize("optimizer,lr,bias_correction", [
+    ("lamb", 2e-2, False), ("adamw", 1e-3, False), ("lamb", 2e-2, True)])
 def test_same_training_as_hf_with_the_official_optimizer(
-    workdir, fast_compile, optimizer, lr):
+    workdir, fast_compile, optimizer, lr, bias_correction):
   torch.set_num_threads(1)
   c = sbs.config(os.path.join(workdir, "corpus.txt"), steps=12,
                  optimizer=optimizer, learning_rate=lr, batch_size=16,
                  seq_len=32, hidden=32, layers=2, vocab_size=120)
+  c.optimizer.bias_correction = bias_correction
   run = sbs.SideBySide(c, workdir, compiler_options=fast_compile)
   losses = np.array([run.step(s) for s in range(12)])
   # Float32 in both, summed in different orders: agreement to ~1e-6

@@ -22,6 +22,7 @@ is in order exactly when its first segment holds the lower rank.
   python experiments/benchmarks/sop_side_by_side.py                    # LAMB 2e-3, 500 steps
   python experiments/benchmarks/sop_side_by_side.py --optimizer=adamw --learning_rate=1e-3
   python experiments/benchmarks/sop_side_by_side.py --init=hf          # start from HF's init
+  python experiments/benchmarks/sop_side_by_side.py --bias_correction  # Adam's, on both sides
 
 Results and what they mean are in REPRODUCTION.md ("Sentence order").
 """
@@ -108,12 +109,15 @@ class OfficialOptimizer:
 
   def __init__(self, named_params, *, peak: float, num_train_steps: int,
                warmup_steps: int, lamb: bool, weight_decay: float = 0.01,
-               clip_norm: float = 1.0):
+               clip_norm: float = 1.0, bias_correction: bool = False):
     self.params = list(named_params)
     self.state = {n: (torch.zeros_like(p), torch.zeros_like(p))
                   for n, p in self.params}
     self.peak, self.total, self.warmup = peak, num_train_steps, warmup_steps
     self.lamb, self.wd, self.clip = lamb, weight_decay, clip_norm
+    # The official code has none; True is Adam's (the config's
+    # optimizer.bias_correction).
+    self.bias_correction, self.count = bias_correction, 0
 
   def learning_rate(self, step: int) -> float:
     decayed = self.peak * (1.0 - min(step, self.total) / self.total)
@@ -127,6 +131,9 @@ class OfficialOptimizer:
     norm = torch.sqrt(sum(torch.sum(g * g) for g in grads.values()))
     scale = min(1.0, self.clip / float(norm)) if float(norm) > 0 else 1.0
     lr = self.learning_rate(step)
+    self.count += 1
+    c1, c2 = ((1 - 0.9 ** self.count, 1 - 0.999 ** self.count)
+              if self.bias_correction else (1.0, 1.0))
     for name, p in self.params:
       if name not in grads:
         continue
@@ -134,7 +141,7 @@ class OfficialOptimizer:
       m, v = self.state[name]
       m.mul_(0.9).add_(0.1 * g)
       v.mul_(0.999).add_(0.001 * g * g)
-      update = m / (torch.sqrt(v) + 1e-6)
+      update = (m / c1) / (torch.sqrt(v / c2) + 1e-6)
       excluded = EXCLUDE.search(name) is not None
       if not excluded:
         update = update + self.wd * p
@@ -224,7 +231,7 @@ class SideBySide:
         self.reference.named_parameters(), peak=o.learning_rate,
         num_train_steps=c.num_train_steps, warmup_steps=o.warmup_steps,
         lamb=o.name == "lamb", weight_decay=o.weight_decay,
-        clip_norm=o.clip_norm)
+        clip_norm=o.clip_norm, bias_correction=o.bias_correction)
 
   def step(self, step: int) -> tuple[float, float]:
     """One training step of both; their training losses."""
@@ -261,6 +268,9 @@ def main() -> None:
   p.add_argument("--optimizer", default="lamb", choices=("lamb", "adamw"))
   p.add_argument("--learning_rate", type=float, default=2e-3)
   p.add_argument("--init", default="albert_jax", choices=("albert_jax", "hf"))
+  p.add_argument("--bias_correction", action="store_true",
+                 help="Adam's bias correction on both sides (the official "
+                 "recipe has none).")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--eval_every", type=int, default=50)
   p.add_argument("--eval_batches", type=int, default=6)
@@ -274,8 +284,11 @@ def main() -> None:
     write_corpus(corpus)
   c = config(corpus, steps=a.steps, optimizer=a.optimizer,
              learning_rate=a.learning_rate, seed=a.seed)
+  c.optimizer.bias_correction = a.bias_correction
   run = SideBySide(c, a.workdir, a.init)
-  print(f"{a.optimizer} lr {a.learning_rate}, {a.steps} steps, batch "
+  print(f"{a.optimizer} lr {a.learning_rate}"
+        f"{' with bias correction' if a.bias_correction else ''}, "
+        f"{a.steps} steps, batch "
         f"{c.batch_size}, seq {c.data.max_seq_length}, init {a.init}, seed "
         f"{a.seed}\n")
   print("| step | SOP acc albert_jax | SOP acc reference | MLM acc albert_jax "
