@@ -212,15 +212,23 @@ class _Setup:
             and split_name == self.eval_splits[0].name else f"{split_name}/")
 
 
-def run(config, workdir: str) -> dict[str, Any]:
-  """Fine-tunes per `config` in `workdir`; returns the final metrics."""
+def run(config, workdir: str,
+        lease: lease_lib.Lease | None = None) -> dict[str, Any]:
+  """Fine-tunes per `config` in `workdir`; returns the final metrics.
+
+  `lease`: the workdir's, when the caller already holds it (else taken
+  here).
+  """
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
-  with lease_lib.acquire(workdir, config.get("take_over_workdir", False)):
-    return _run(config, workdir)
+  if lease is not None:
+    return _run(config, workdir, lease)
+  with lease_lib.acquire(workdir,
+                         config.get("take_over_workdir", False)) as lease:
+    return _run(config, workdir, lease)
 
 
-def _run(config, workdir: str) -> dict[str, Any]:
+def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
   mesh, rules = loop.mesh_and_rules(config)
   setup = _setup(config)
@@ -232,7 +240,8 @@ def _run(config, workdir: str) -> dict[str, Any]:
                           start.shardings, mesh, rules, data_sharding)
   eval_batch = config.get("eval_batch_size") or config.batch_size
   out = _fit(config, workdir, setup, start, train, evaluate=_evaluator(
-      setup, predict, eval_batch, data_sharding), data_sharding=data_sharding)
+      setup, predict, eval_batch, data_sharding), data_sharding=data_sharding,
+             lease=lease)
   if out.preempted_at is not None:
     return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by}
   final_step, best_step, params = _best_params(workdir, out, start)
@@ -326,7 +335,7 @@ def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
 
 
 def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
-         data_sharding) -> loop.FitResult:
+         lease, data_sharding) -> loop.FitResult:
   """The training loop (`loop.fit`) from `start` to
   `config.num_train_steps`, over shuffled training batches."""
   start_step = start.step
@@ -345,7 +354,7 @@ def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
       flops_per_step=flops_per_step, tokens_per_sequence=int(
           np.prod(seq_shape)),
       param_paths=list(tree_lib.flatten(start.state["params"])),
-      best_key=setup.best_key)
+      best_key=setup.best_key, lease=lease)
 
 
 def _best_params(workdir: str, out, start) -> tuple[int, int, Any]:
@@ -405,6 +414,17 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
   config = config.copy_and_resolve_references()
   workdir = os.path.join(pretrain_workdir, "finetune")
   loop.prepare_workdir(workdir)
+  # Leased before the split files are written: a second launch must not
+  # rewrite the files a running fine-tune reads.
+  with lease_lib.acquire(workdir,
+                         config.get("take_over_workdir", False)) as lease:
+    return run(_with_split_data(config, workdir, pretrain_workdir), workdir,
+               lease=lease)
+
+
+def _with_split_data(config, workdir: str, pretrain_workdir: str):
+  """`config` with `init` defaulting to the pre-training workdir and, with
+  `data.split_from`, the file cut into WORKDIR/data/{train,eval,test}."""
   with config.unlocked():
     if not config.init:
       config.init = pretrain_workdir
@@ -429,4 +449,4 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
       if jax.process_index() == 0:
         log.info("Split %s into %s.", source, ", ".join(
             f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))
-  return run(config, workdir)
+  return config

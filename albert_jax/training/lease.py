@@ -23,6 +23,7 @@ import time
 import uuid
 
 import jax
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,17 @@ class WorkdirBusyError(RuntimeError):
 
 @dataclasses.dataclass
 class Lease:
-  """A held lease; `release` (or leaving the `with` block) gives it back."""
+  """A held lease; `release` (or leaving the `with` block) gives it back.
+
+  The training loop calls `check` before each step and each save: a run
+  whose lease another run has taken over stops without saving, so its
+  checkpoint retention cannot delete the new owner's checkpoints.
+  """
   path: str
   owner: str
   stop: threading.Event
   thread: threading.Thread | None
+  taken: threading.Event = dataclasses.field(default_factory=threading.Event)
 
   def __enter__(self) -> "Lease":
     return self
@@ -52,14 +59,24 @@ class Lease:
   @property
   def lost(self) -> bool:
     """Whether another run has taken the lease over since."""
+    if self.thread is None:  # not process 0: process 0 holds the lease
+      return self.taken.is_set()
     held = _read(self.path)
     return held is not None and held.get("owner") != self.owner
+
+  def check(self) -> None:
+    """Raises WorkdirBusyError once the heartbeat found another owner."""
+    if self.taken.is_set():
+      raise WorkdirBusyError(
+          f"The lease on {os.path.dirname(self.path)} was taken over by "
+          "another run; this run stopped without saving, so as not to "
+          "touch that run's checkpoints.")
 
   def release(self) -> None:
     self.stop.set()
     if self.thread is not None:
       self.thread.join()
-    if not self.lost:
+    if self.thread is not None and not self.lost:
       try:
         os.remove(self.path)
       except FileNotFoundError:
@@ -73,13 +90,27 @@ def _read(path: str) -> dict | None:
   except FileNotFoundError:
     return None
   except (OSError, ValueError):
-    return {}  # being written, or damaged: treated as held, with no heartbeat
+    # Being written (created, not yet filled), or damaged: held, with the
+    # file's own time as its heartbeat.
+    try:
+      return {"heartbeat": os.path.getmtime(path)}
+    except OSError:
+      return {}
+
+
+def _pid_namespace() -> str:
+  """This process's pid namespace ("" where /proc does not say): hosts with
+  one name can run containers whose pids mean different processes."""
+  try:
+    return os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return ""
 
 
 def _record(owner: str) -> dict:
   now = time.time()
   return {"owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
-          "started": now, "heartbeat": now}
+          "pid_namespace": _pid_namespace(), "started": now, "heartbeat": now}
 
 
 def _create(path: str, record: dict) -> bool:
@@ -101,8 +132,8 @@ def _replace(path: str, record: dict) -> None:
 
 
 def _describe(held: dict, now: float) -> str:
-  if not held:
-    return "an unreadable lease"
+  if "pid" not in held:
+    return "a lease being written or unreadable"
   age = now - float(held.get("heartbeat", 0))
   return (f"pid {held.get('pid')} on {held.get('host')} (heartbeat "
           f"{age:.0f} s ago)")
@@ -111,7 +142,8 @@ def _describe(held: dict, now: float) -> str:
 def _process_gone(held: dict) -> bool:
   """Whether the lease's run was on this host and its process has ended
   (killed: a lease it could not release)."""
-  if held.get("host") != socket.gethostname() or not held.get("pid"):
+  if (held.get("host") != socket.gethostname() or not held.get("pid")
+      or held.get("pid_namespace") != _pid_namespace()):
     return False
   try:
     os.kill(int(held["pid"]), 0)
@@ -123,13 +155,14 @@ def _process_gone(held: dict) -> bool:
 
 
 def _beat(path: str, record: dict, stop: threading.Event,
-          interval: float) -> None:
+          taken: threading.Event, interval: float) -> None:
   while not stop.wait(interval):
     held = _read(path)
     if held is not None and held.get("owner") != record["owner"]:
-      log.error("The lease on %s was taken over by %s; this run no longer "
-                "owns its workdir.", os.path.dirname(path),
+      log.error("The lease on %s was taken over by %s; this run stops "
+                "before its next step.", os.path.dirname(path),
                 _describe(held, time.time()))
+      taken.set()
       return
     _replace(path, {**record, "heartbeat": time.time()})
 
@@ -137,17 +170,38 @@ def _beat(path: str, record: dict, stop: threading.Event,
 def acquire(workdir: str, take_over: bool = False, *,
             heartbeat_seconds: float = HEARTBEAT_SECONDS,
             stale_seconds: float = STALE_SECONDS) -> Lease:
-  """Takes `workdir`'s lease (process 0 only; other processes get a lease
-  that holds nothing, their run's process 0 owns the workdir).
+  """Takes `workdir`'s lease. Process 0 holds it for the run; the others
+  learn whether it did, so every process of a refused run raises (none is
+  left waiting in a collective).
 
   Raises:
     WorkdirBusyError: another run's lease is live, naming it and the fixes.
   """
   path = os.path.join(workdir, LEASE)
   owner = uuid.uuid4().hex
-  stop = threading.Event()
-  if jax.process_index() != 0:
-    return Lease(path, owner, stop, None)
+  stop, error, lease = threading.Event(), None, None
+  if jax.process_index() == 0:
+    try:
+      lease = _take(path, owner, stop, take_over, heartbeat_seconds,
+                    stale_seconds)
+    except WorkdirBusyError as e:
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    busy = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
+    if int(busy) and error is None:
+      error = WorkdirBusyError(
+          f"{workdir} is in use by another run (process 0 could not take "
+          "its lease; its log names the owner).")
+  if error is not None:
+    raise error
+  return lease or Lease(path, owner, stop, None)
+
+
+def _take(path: str, owner: str, stop: threading.Event, take_over: bool,
+          heartbeat_seconds: float, stale_seconds: float) -> Lease:
+  """Process 0's side of `acquire`."""
+  workdir = os.path.dirname(path)
   record = _record(owner)
   if not _create(path, record):
     held = _read(path) or {}
@@ -167,8 +221,9 @@ def acquire(workdir: str, take_over: bool = False, *,
                 "its process is gone" if gone else
                 "--config.take_over_workdir=True")
     _replace(path, record)
-  thread = threading.Thread(target=_beat, args=(path, record, stop,
+  taken = threading.Event()
+  thread = threading.Thread(target=_beat, args=(path, record, stop, taken,
                                                 heartbeat_seconds),
                             name="workdir-lease", daemon=True)
   thread.start()
-  return Lease(path, owner, stop, thread)
+  return Lease(path, owner, stop, thread, taken)

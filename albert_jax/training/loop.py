@@ -27,6 +27,7 @@ import numpy as np
 
 from albert_jax.model import flops as flops_lib
 from albert_jax.training import checkpoints
+from albert_jax.training import lease as lease_lib
 from albert_jax.training import metrics as metrics_lib
 from albert_jax.training import recipe
 from albert_jax.training import state as state_lib
@@ -196,14 +197,15 @@ class Preemption:
     host)."""
     return self.requested or "SIGTERM"
 
-  def agreed(self) -> bool:
-    """All hosts stop together, or none does."""
-    if jax.process_count() == 1:
-      return self.requested is not None
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    flags = multihost_utils.process_allgather(
-        np.asarray(self.requested is not None))
-    return bool(np.any(flags))
+  def agreed(self, lease=None) -> tuple[bool, bool]:
+    """(stop, lease lost), agreed by all hosts: all stop together, or none
+    does. Only process 0 holds the lease and sees it taken over."""
+    flags = np.asarray([self.requested is not None,
+                        lease is not None and lease.taken.is_set()])
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      flags = np.any(multihost_utils.process_allgather(flags), axis=0)
+    return bool(flags[0]), bool(flags[1])
 
 
 class NonFiniteGuard:
@@ -252,7 +254,8 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
         start_step: int, resumed: bool, mngr, workdir: str,
         evaluate: Callable[[Any, int], dict[str, float]] | None,
         flops_per_step: float, tokens_per_sequence: int,
-        param_paths: list[str], best_key: str | None = None) -> FitResult:
+        param_paths: list[str], best_key: str | None = None,
+        lease: lease_lib.Lease | None = None) -> FitResult:
   """Runs `train_step` over `batches` up to `config.num_train_steps`.
 
   Args:
@@ -270,6 +273,8 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
     param_paths: the parameters' `tree.flatten` keys, to name bad gradients.
     best_key: the eval metric that ranks checkpoints for best-retention
       (the manager's `best_metric`); None to rank none.
+    lease: the workdir's lease; once another run has taken it over, the
+      run stops before its next save (WorkdirBusyError).
 
   Returns:
     The final state, the last eval, the preemption step (if any), and the
@@ -284,6 +289,12 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
     try:
       for step, batch in batches:
         done, m = run.train(step, batch)
+        stop, lost = preemption.agreed(lease)
+        if lost:
+          raise lease_lib.WorkdirBusyError(
+              f"The lease on {workdir} was taken over by another run at step "
+              f"{done}; this run stopped without saving, so as not to touch "
+              "that run's checkpoints.")
         last = done == config.num_train_steps
         if done % config.log_every_steps == 0 or last:
           run.log_train(done, m)
@@ -291,12 +302,15 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
           run.evaluate(done)
         if done % config.checkpoint_every_steps == 0 and not last:
           run.save(done)
-        if preemption.agreed():
+        if stop:
           log.warning("%s: saving step %d and stopping.", preemption.name,
                       done)
           run.shutdown(done)
           return run.result(preempted_at=done, stopped_by=preemption.name)
       run.finish()  # a signal now waits for the final checkpoint
+      if preemption.requested is not None:  # it came during the final save
+        return run.result(preempted_at=config.num_train_steps,
+                          stopped_by=preemption.name)
     except BaseException:
       run.abandon()
       raise

@@ -84,11 +84,12 @@ def run(config, workdir: str) -> dict[str, Any]:
   """
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
-  with lease_lib.acquire(workdir, config.get("take_over_workdir", False)):
-    return _train(config, workdir)
+  with lease_lib.acquire(workdir,
+                         config.get("take_over_workdir", False)) as lease:
+    return _train(config, workdir, lease)
 
 
-def _train(config, workdir: str) -> dict[str, Any]:
+def _train(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
   ##############################################################################
   # Tokenizer and prepared data.
@@ -159,7 +160,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
       evaluate=run_eval if eval_loader is not None else None,
       flops_per_step=spec.flops_per_step, tokens_per_sequence=seq_len,
       param_paths=list(tree_lib.flatten(state["params"])),
-      best_key=config.best_metric)
+      best_key=config.best_metric, lease=lease)
   if out.preempted_at is not None:
     return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by}
   final_step = int(jax.device_get(out.state["step"]))

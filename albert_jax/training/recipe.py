@@ -22,7 +22,6 @@ refused with the differences listed, and the workdir is left as it was.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -46,7 +45,9 @@ MAY_CHANGE = (
     "best_metric", "max_consecutive_nonfinite", "peak_tflops_per_device",
     "fast_compile", "mesh", "sharding_rules", "accumulation_steps",
     "data.num_workers", "data.prefetch", "model.remat", "model.attention_impl",
-    "finetune", "take_over_workdir", "num_train_steps")
+    "finetune", "take_over_workdir", "num_train_steps",
+    # A fine-tuning run's starting weights: read only when it starts fresh.
+    "init")
 # Read in blocks from both ends of a file: enough to tell a changed corpus or
 # tokenizer from the same one, without reading gigabytes on every start.
 _BLOCK = 1 << 20
@@ -87,11 +88,12 @@ def _named_files(key: str, value: Any) -> list[str] | None:
   if key == "data.data_dir":
     metadata = os.path.join(value, "dataset.json")
     return [metadata] if os.path.isfile(metadata) else None
-  if os.path.exists(value):
-    return [value]
-  matches = sorted(p for pattern in value.split(",") if pattern.strip()
-                   for p in glob.glob(pattern.strip()))
-  return [p for p in matches if os.path.isfile(p)] or None
+  if os.path.exists(os.path.expanduser(value)):
+    return [os.path.expanduser(value)]
+  try:  # globs exactly as the corpus reader expands them
+    return documents_lib.expand_paths(value)
+  except FileNotFoundError:
+    return None
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -134,9 +136,10 @@ def recipe(config, workdir: str) -> dict[str, Any]:
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   lines = []
-  for key in sorted(set(old["config"]) | set(new["config"])):
-    was = old["config"].get(key, "(not set)")
-    now = new["config"].get(key, "(not set)")
+  # Only fields both sides have: a field that a later version of the code
+  # added (or removed) is not a change the user made.
+  for key in sorted(set(old["config"]) & set(new["config"])):
+    was, now = old["config"][key], new["config"][key]
     if was != now:
       lines.append(f"  {key}: {was!r} → {now!r}")
   for key in sorted(set(old["files"]) | set(new["files"])):

@@ -66,7 +66,8 @@ def test_a_killed_runs_lease_on_this_host_is_taken_over_at_once(tmp_path,
                                                                 caplog):
   ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                          capture_output=True, text=True, check=True)
-  _leave_lease(tmp_path, host=socket.gethostname(), pid=int(ended.stdout))
+  _leave_lease(tmp_path, host=socket.gethostname(), pid=int(ended.stdout),
+               pid_namespace=lease_lib._pid_namespace())  # pylint: disable=protected-access
   with caplog.at_level(logging.WARNING):
     with lease_lib.acquire(str(tmp_path)):
       pass
@@ -121,3 +122,51 @@ def _config_of(run):
   import ml_collections  # pylint: disable=g-import-not-at-top
   with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
     return ml_collections.ConfigDict(json.load(f))
+
+
+def test_a_lease_being_written_is_held_not_stale(tmp_path):
+  """A lease file created but not yet filled (or unreadable) counts as
+  held, its file time standing for the heartbeat."""
+  (tmp_path / lease_lib.LEASE).write_text("", encoding="utf-8")
+  with pytest.raises(lease_lib.WorkdirBusyError,
+                     match="a lease being written or unreadable"):
+    lease_lib.acquire(str(tmp_path), stale_seconds=120)
+
+
+def test_a_pid_in_another_pid_namespace_is_not_judged_gone(tmp_path):
+  ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True)
+  _leave_lease(tmp_path, host=socket.gethostname(), pid=int(ended.stdout),
+               pid_namespace="pid:[another container]")
+  with pytest.raises(lease_lib.WorkdirBusyError):
+    lease_lib.acquire(str(tmp_path))
+
+
+def test_a_run_whose_lease_is_taken_over_stops_without_saving(tmp_path):
+  """After a takeover the old run raises before its next save, so its
+  retention cannot delete the new owner's checkpoints."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from training.test_loop import _config, _fake_step  # pylint: disable=g-import-not-at-top
+
+  held = lease_lib.acquire(str(tmp_path))
+  config = _config(checkpoint_every_steps=2)
+  mngr = checkpoints.manager(str(tmp_path), async_save=False)
+
+  def batches():
+    for i in range(config.num_train_steps):
+      if i == 5:  # what the heartbeat thread does when it finds another owner
+        held.taken.set()
+      yield i, None
+
+  with pytest.raises(lease_lib.WorkdirBusyError,
+                     match="taken over by another run at step 6"):
+    loop.fit(config, state={"step": jnp.zeros([], jnp.int32),
+                            "params": {"w": jnp.zeros(2)}},
+             train_step=_fake_step(first_bad=100), batches=batches(),
+             start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
+             evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
+             param_paths=["w"], lease=held)
+  assert mngr.all_steps() == [2, 4]
+  held.stop.set()
