@@ -1,6 +1,5 @@
 """A run's recipe is recorded and checked on resume (training/recipe.py)."""
 
-import hashlib
 import os
 import shutil
 
@@ -8,18 +7,8 @@ import pytest
 
 from albert_jax.training import pretrain
 from albert_jax.training import recipe as recipe_lib
-from training.test_checkpoints import tiny_config  # pylint: disable=g-bad-import-order
-
-
-def _snapshot(root):
-  """{relative path: sha256} of every file under `root`."""
-  out = {}
-  for directory, _, files in os.walk(root):
-    for name in files:
-      path = os.path.join(directory, name)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).digest()
-  return out
+from test_bad_inputs import snapshot  # pylint: disable=g-bad-import-order
+from training.test_checkpoints import tiny_config
 
 
 @pytest.fixture(name="run")
@@ -43,13 +32,13 @@ def fixture_run(tmp_path):
 
 
 def _refused(config, workdir, *expected):
-  before = _snapshot(workdir)
+  before = snapshot(workdir)
   with pytest.raises(recipe_lib.RecipeError) as error:
     recipe_lib.check(config, workdir)
   for text in expected:
     assert text in str(error.value), str(error.value)
   assert "start in a new workdir" in str(error.value)
-  assert _snapshot(workdir) == before
+  assert snapshot(workdir) == before
   return str(error.value)
 
 
@@ -186,12 +175,12 @@ def test_a_real_rerun_with_another_architecture_changes_nothing(
   workdir = str(tmp_path / "w")
   pretrain.run(config, workdir)
   assert os.path.isfile(os.path.join(workdir, recipe_lib.RECIPE))
-  before = _snapshot(workdir)
+  before = snapshot(workdir)
   config.model.num_hidden_layers = 4
   with pytest.raises(recipe_lib.RecipeError,
                      match="model.num_hidden_layers: 2 → 4"):
     pretrain.run(config, workdir)
-  assert _snapshot(workdir) == before
+  assert snapshot(workdir) == before
 
 
 def test_a_field_the_code_added_later_does_not_refuse_old_runs(run):
