@@ -51,6 +51,10 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (`path.py[:arg]`).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and "
                                "prepared data go; a run resumes from it.")
+_TRACEBACK = flags.DEFINE_bool(
+    "traceback", False, "On an error in the input (a config value, a file, "
+    "a workdir in use), print the full traceback instead of the one-line "
+    "`error:` message.")
 _COMPILE_ONLY = flags.DEFINE_bool(
     "compile_only", False, "Compile the train step and print per-device "
     "memory; run nothing.")
@@ -119,7 +123,29 @@ def _quiet_libraries() -> None:
   logging.getLogger("albert_jax").setLevel(logging.INFO)
 
 
+def _input_error(e: BaseException) -> bool:
+  """Whether `e` describes bad input (a config value, a file, a checkpoint,
+  a workdir in use, training that diverged): its message says what is wrong
+  and how to fix it, and a traceback would only bury it."""
+  from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import lease  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import loop  # pylint: disable=g-import-not-at-top
+  return isinstance(e, (ValueError, OSError, lease.WorkdirBusyError,
+                        checkpoints.UnreadableCheckpointError,
+                        loop.NonFiniteError))
+
+
 def main(argv):
+  try:
+    _main(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    if _TRACEBACK.value or not _input_error(e):
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _main(argv):
   del argv
   _quiet_libraries()
   config = _CONFIG.value
@@ -134,6 +160,10 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
   job = config.get("job", "pretrain")
+  from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
+  optimizer.check(config)
+  if config.get("finetune") is not None:  # the demo's second stage
+    optimizer.check(config.finetune)
   if job == "pretrain":
     from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
     result = pretrain.run(config, _WORKDIR.value)

@@ -127,8 +127,31 @@ def test_unwritable_workdir_is_a_clear_error(tmp_path):
   target.write_text("not a directory")
   proc = _cli("--config=configs/tiny.py", f"--workdir={target}/sub",
               timeout=120)
-  assert proc.returncode != 0
-  assert "Cannot write to workdir" in proc.stderr
+  assert proc.returncode == 1
+  assert "error: Cannot write to workdir" in proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_bad_optimizer_values_are_one_line_before_anything_is_written(
+    tmp_path):
+  workdir = tmp_path / "w"
+  proc = _cli("--config=configs/tiny.py", f"--workdir={workdir}",
+              "--config.optimizer.learning_rate=-0.001",
+              "--config.optimizer.b2=1.0", timeout=120)
+  assert proc.returncode == 1
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert lines == [
+      "error: config.optimizer.learning_rate=-0.001 must be a finite number "
+      "> 0, e.g. --config.optimizer.learning_rate=0.001; "
+      "config.optimizer.b2=1.0 must be in [0, 1), e.g. "
+      "--config.optimizer.b2=0.999."], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert not workdir.exists()
+  # --traceback shows where it came from.
+  proc = _cli("--config=configs/tiny.py", f"--workdir={workdir}",
+              "--config.optimizer.learning_rate=-0.001", "--traceback",
+              timeout=120)
+  assert "Traceback" in proc.stderr and "optimizer.py" in proc.stderr
 
 
 def test_vocab_mismatch_names_the_fix(small_corpus, tmp_path):

@@ -219,6 +219,7 @@ def run(config, workdir: str,
   `lease`: the workdir's, when the caller already holds it (else taken
   here).
   """
+  optim.check(config)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   if lease is not None:
@@ -412,6 +413,7 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
   `config.seed`) for the "files" task.
   """
   config = config.copy_and_resolve_references()
+  optim.check(config)
   workdir = os.path.join(pretrain_workdir, "finetune")
   loop.prepare_workdir(workdir)
   # Leased before the split files are written: a second launch must not

@@ -19,6 +19,7 @@ from 0, then a cosine anneal to `end_learning_rate` at `num_train_steps`.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, NamedTuple
 
@@ -175,6 +176,45 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9,
 
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "lamb": lamb, "adamw": adamw}
+
+
+def check(config) -> None:
+  """Refuses optimizer values that cannot train, before anything is
+  written: one line naming each bad key, its value, what is allowed and the
+  fix.
+
+  Raises:
+    ValueError: e.g. "config.optimizer.learning_rate=-0.001 must be a
+      finite number > 0, e.g. --config.optimizer.learning_rate=0.001."
+  """
+  o = config.optimizer
+  rules = (  # key, test, what is allowed, an example
+      ("learning_rate", lambda v: v > 0, "a finite number > 0", 1e-3),
+      ("end_learning_rate", lambda v: v >= 0, "a finite number >= 0", 0.0),
+      ("b1", lambda v: 0 <= v < 1, "in [0, 1)", 0.9),
+      ("b2", lambda v: 0 <= v < 1, "in [0, 1)", 0.999),
+      ("eps", lambda v: v > 0, "a finite number > 0", 1e-6),
+      ("weight_decay", lambda v: v >= 0, "a finite number >= 0", 0.01),
+      ("clip_norm", lambda v: v >= 0, "a finite number >= 0 (0: no "
+       "clipping)", 1.0),
+      ("power", lambda v: v > 0, "a finite number > 0", 1.0),
+      ("warmup_steps", lambda v: v >= 0 and v == int(v), "a whole number "
+       ">= 0", 0))
+  problems = []
+  for key, ok, allowed, example in rules:
+    if key not in o:
+      continue
+    value = o[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and ok(value)):
+      problems.append(f"config.optimizer.{key}={value!r} must be {allowed}, "
+                      f"e.g. --config.optimizer.{key}={example}")
+  steps = config.get("num_train_steps")
+  if steps is not None and not (isinstance(steps, int) and steps >= 0):
+    problems.append(f"config.num_train_steps={steps!r} must be a whole "
+                    "number >= 0")
+  if problems:
+    raise ValueError("; ".join(problems) + ".")
 
 
 def make(config) -> tuple[optax.GradientTransformation, optax.Schedule]:

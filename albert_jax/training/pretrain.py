@@ -82,6 +82,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   The recipe is checked before anything is written (`recipe.check`), and the
   workdir is leased to this run while it trains (`lease.acquire`).
   """
+  optim.check(config)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   with lease_lib.acquire(workdir,

@@ -463,3 +463,37 @@ def test_weight_decay_zero_keeps_exclusions_out_of_trust_ratio():
                              num_train_steps=8, num_warmup_steps=2,
                              weight_decay_rate=0.0)
   assert_matches(ours, official)
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("learning_rate", 0.0, "a finite number > 0"),
+    ("learning_rate", float("nan"), "a finite number > 0"),
+    ("learning_rate", float("inf"), "a finite number > 0"),
+    ("b1", 1.0, "in [0, 1)"), ("b1", -0.1, "in [0, 1)"),
+    ("b2", 1.5, "in [0, 1)"), ("eps", 0.0, "a finite number > 0"),
+    ("weight_decay", -0.01, "a finite number >= 0"),
+    ("clip_norm", -1.0, "a finite number >= 0 (0: no clipping)"),
+    ("warmup_steps", -5, "a whole number >= 0"),
+    ("learning_rate", "fast", "a finite number > 0")])
+def test_check_refuses_values_that_cannot_train(key, value, allowed):
+  c = config_lib.base_config(config_lib.tiny_model())
+  with c.unlocked(), c.optimizer.ignore_type():
+    c.optimizer[key] = value
+  with pytest.raises(ValueError) as error:
+    optim.check(c)
+  assert str(error.value) == (
+      f"config.optimizer.{key}={value!r} must be {allowed}, e.g. "
+      f"--config.optimizer.{key}={dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0, warmup_steps=0)[key]}.")
+
+
+def test_check_accepts_every_shipped_config():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from locations import CONFIGS  # pylint: disable=g-import-not-at-top
+  for path in sorted(CONFIGS.glob("*.py")):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(None)
+    optim.check(config)
+    if config.get("finetune") is not None:
+      optim.check(config.finetune)
