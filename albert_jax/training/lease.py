@@ -40,8 +40,8 @@ class WorkdirBusyError(RuntimeError):
 class Lease:
   """A held lease; `release` (or leaving the `with` block) gives it back.
 
-  The training loop calls `check` before each step and each save: a run
-  whose lease another run has taken over stops without saving, so its
+  `taken` is set by the heartbeat when another run has taken the lease
+  over; the training loop then stops without saving (`loop.fit`), so its
   checkpoint retention cannot delete the new owner's checkpoints.
   """
   path: str
@@ -63,14 +63,6 @@ class Lease:
       return self.taken.is_set()
     held = _read(self.path)
     return held is not None and held.get("owner") != self.owner
-
-  def check(self) -> None:
-    """Raises WorkdirBusyError once the heartbeat found another owner."""
-    if self.taken.is_set():
-      raise WorkdirBusyError(
-          f"The lease on {os.path.dirname(self.path)} was taken over by "
-          "another run; this run stopped without saving, so as not to "
-          "touch that run's checkpoints.")
 
   def release(self) -> None:
     self.stop.set()
