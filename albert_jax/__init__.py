@@ -2,6 +2,12 @@
 
 __version__ = "0.1.0"
 
+from albert_jax import storage as _storage  # noqa: E402  pylint: disable=g-import-not-at-top
+
+# Before any storage layer reads its settings: tensorstore reads its endpoint
+# once per process.
+_storage.use_emulator_from_env()
+
 # name → module. Loaded on first use: config files and the data tools import
 # this package and should not pay for Flax, safetensors or SentencePiece.
 _LAZY = {

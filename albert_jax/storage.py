@@ -1,0 +1,149 @@
+"""User paths, local or `gs://`: one place that turns a string into a path.
+
+Every path a user gives (workdir, corpus, data dir, tokenizer, init,
+fine-tuning files, sweep roots, report inputs) goes through `path` and is
+then used only through `etils.epath` (which reaches Cloud Storage through
+gcsfs) or through orbax/tensorstore, which take `gs://` themselves. No
+module calls `os.path`, `open` or `glob` on a user path.
+
+`STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` sends every layer to a Cloud
+Storage emulator: gcsfs and google-cloud-storage read that variable
+themselves, and `use_emulator_from_env` maps it onto tensorstore's own
+setting (`TENSORSTORE_GCS_HTTP_URL`), which tensorstore reads once per
+process, so this runs when the package is imported.
+"""
+
+from __future__ import annotations
+
+import glob as glob_lib
+import os
+import re
+import uuid
+
+from etils import epath
+
+EMULATOR = "STORAGE_EMULATOR_HOST"
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+SCHEMES = ("gs",)  # besides local paths
+
+
+def use_emulator_from_env() -> None:
+  """Points every storage layer at `$STORAGE_EMULATOR_HOST`, where it is set.
+
+  Also makes `etils.epath` reach `gs://` through gcsfs rather than
+  TensorFlow's gfile (which does not read the variable) unless the user
+  chose with `EPATH_USE_TF`. Settings the user made are kept.
+  """
+  os.environ.setdefault("EPATH_USE_TF", "false")
+  host = os.environ.get(EMULATOR)
+  if not host:
+    return
+  url = host if "://" in host else f"http://{host}"
+  os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url)
+  # An emulator takes any token; without one tensorstore looks for Google
+  # credentials, which a test machine has none of.
+  os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+  # gcsfs asks the bucket's layout from the storage control API, which no
+  # emulator serves; it would warn on every call and then fall back anyway.
+  os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def path(p: str | os.PathLike) -> epath.Path:
+  """`p` as a path: `gs://bucket/key` or a local path with `~` expanded.
+
+  Raises:
+    ValueError: `p` is empty or names a scheme other than `gs://`.
+  """
+  text = os.fspath(p)
+  if isinstance(text, bytes):
+    text = text.decode()
+  if not text:
+    raise ValueError("empty path: give a local path or gs://BUCKET/PATH")
+  match = _SCHEME.match(text)
+  if match:
+    if match.group(1) not in SCHEMES:
+      raise ValueError(
+          f"{text}: {match.group(1)}:// paths are not supported; use a local "
+          "path or gs://BUCKET/PATH")
+    if not text[match.end():].strip("/"):
+      raise ValueError(f"{text}: no bucket; use gs://BUCKET/PATH")
+    return epath.Path(text)
+  return epath.Path(os.path.expanduser(text))
+
+
+def is_remote(p: str | os.PathLike) -> bool:
+  """Whether `p` is in Cloud Storage (`gs://`)."""
+  return bool(_SCHEME.match(os.fspath(p)))
+
+
+def as_str(p: str | os.PathLike) -> str:
+  """`path(p)` as the string orbax, tensorstore and logs take: `gs://…`, or
+  an absolute local path."""
+  resolved = path(p)
+  return os.fspath(resolved) if is_remote(resolved) else os.path.abspath(
+      resolved)
+
+
+def glob(pattern: str | os.PathLike) -> list[epath.Path]:
+  """The paths matching `pattern` (`*`, `?`, `[…]`, `**`), sorted.
+
+  A pattern without wildcards matches itself if it exists.
+  """
+  text = os.fspath(pattern)
+  if not is_remote(text):
+    text = os.path.expanduser(text)
+    return [epath.Path(m) for m in sorted(glob_lib.glob(text, recursive=True))]
+  import fsspec  # pylint: disable=g-import-not-at-top
+  matches = fsspec.filesystem("gs").glob(text)
+  return sorted((path(f"gs://{m}") for m in matches), key=os.fspath)
+
+
+def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:
+  """Writes `data` to `p` so that a reader sees the old file or the new one,
+  never part of it: a local file is written beside and renamed; a Cloud
+  Storage object is replaced in one upload, which is atomic already."""
+  target = path(p)
+  blob = data.encode("utf-8") if isinstance(data, str) else data
+  if is_remote(target):
+    target.write_bytes(blob)
+    return
+  tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex}.tmp")
+  tmp.write_bytes(blob)
+  os.replace(tmp, target)
+
+
+def create_if_absent(p: str | os.PathLike, data: bytes) -> bool:
+  """Writes `data` to `p` only if nothing is there; whether it did.
+
+  One request decides: `O_EXCL` for a local file, the precondition
+  `ifGenerationMatch=0` for a Cloud Storage object, so of two runs that
+  race, exactly one creates it.
+  """
+  target = path(p)
+  if not is_remote(target):
+    try:
+      fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    return True
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  bucket, _, key = os.fspath(target)[len("gs://"):].partition("/")
+  try:
+    _gcs_client().bucket(bucket).blob(key).upload_from_string(
+        data, if_generation_match=0)
+  except exceptions.PreconditionFailed:
+    return False
+  return True
+
+
+def _gcs_client():
+  """A google-cloud-storage client: `$STORAGE_EMULATOR_HOST`'s without
+  credentials, else the environment's default credentials."""
+  from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+  if os.environ.get(EMULATOR):
+    from google.auth import credentials  # pylint: disable=g-import-not-at-top
+    return gcs.Client(project="emulator",
+                      credentials=credentials.AnonymousCredentials())
+  return gcs.Client()
