@@ -232,16 +232,30 @@ cmd_install() {
 cmd_run() {
   ((${#ARGS[@]} > 0)) || die "run: give albert_jax.main's arguments after" \
     "--, e.g. -- --config=configs/demo.py --workdir=gs://bucket/run"
-  local name=${LOG_NAME} arg
-  if [[ -z ${name} ]]; then
-    for arg in "${ARGS[@]}"; do
-      if [[ ${arg} == --workdir=* ]]; then
-        name=$(basename "${arg#--workdir=}")
-      fi
-    done
+  local name=${LOG_NAME} arg workdir=""
+  for arg in "${ARGS[@]}"; do
+    if [[ ${arg} == --workdir=* ]]; then
+      workdir=${arg#--workdir=}
+    fi
+  done
+  if [[ -z ${name} && -n ${workdir} ]]; then
+    name=$(basename "${workdir}")
   fi
   [[ -n ${name} ]] || name="run-$(date +%Y%m%d-%H%M%S)"
-  local log="logs/${name//[^A-Za-z0-9_.,=+-]/_}.\$(hostname).log"
+  local stem="logs/${name//[^A-Za-z0-9_.,=+-]/_}"
+  local log="${stem}.\$(hostname).log"
+  # Where things go, said before anything runs (also with --dry_run).
+  echo "# log on each worker: ~/${REMOTE_DIR}/${stem}.<hostname>.log" >&2
+  if [[ -n ${workdir} ]]; then
+    workdir=${workdir%/}
+    echo "# checkpoints: ${workdir}/checkpoints, TensorBoard:" \
+      "${workdir}/tensorboard" >&2
+    if [[ ${workdir} != gs://* ]]; then
+      echo "tpu_setup.sh: warning: --workdir=${workdir} is on the workers'" \
+        "own disks, which are not shared between a pod's workers and go" \
+        "away with the VM; use --workdir=gs://BUCKET/..." >&2
+    fi
+  fi
   local script
   script="cd $(quote "${REMOTE_DIR}") && . .venv/bin/activate"
   script+=" && mkdir -p logs && nohup python -m albert_jax.main --distributed"

@@ -8,8 +8,9 @@ r"""albert_jax's command line: pre-train (and, by config, fine-tune).
 Every field of the config can be overridden with `--config.a.b=value`; the
 config is locked, so a key that does not exist fails with the closest valid
 names. `--compile_only` compiles the train step ahead of time for the config's
-mesh (with `--num_fake_devices=N` CPU devices standing in for accelerators)
-and prints per-device memory without running anything. Multi-host runs
+mesh (`--topology=v5e:16x16`: a TPU slice, by the real TPU compiler; or
+`--num_fake_devices=N` CPU devices standing in for accelerators, an
+estimate) and prints per-device memory without running anything. Multi-host runs
 (TPU pods) initialise `jax.distributed` when `--distributed` is set, or when
 coordinator flags are given.
 """
@@ -35,6 +36,10 @@ def _early_fake_devices(argv: list[str]) -> None:
       os.environ["XLA_FLAGS"] = (
           f"{flags} --xla_force_host_platform_device_count={int(value)}")
       os.environ["JAX_PLATFORMS"] = "cpu"
+    if arg == "--topology" or arg.startswith("--topology="):
+      # Compiling for a TPU slice uses no local accelerator: trace on CPU,
+      # leaving a TPU host's chips to whatever runs on them.
+      os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 _early_fake_devices(sys.argv)
@@ -58,6 +63,10 @@ _TRACEBACK = flags.DEFINE_bool(
 _COMPILE_ONLY = flags.DEFINE_bool(
     "compile_only", False, "Compile the train step and print per-device "
     "memory; run nothing.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "With --compile_only: compile for this TPU slice with "
+    "the real TPU compiler (needs libtpu), e.g. v5e:16x16, v4:2x4x4, "
+    "v5p:4x4x4, v6e:16x16.")
 flags.DEFINE_integer("num_fake_devices", 0, "Use N CPU devices (set before "
                      "JAX starts) to compile for a mesh you do not have.")
 _DEVICE_MEMORY = flags.DEFINE_float(
@@ -155,10 +164,13 @@ def _main(argv):
   maybe_initialize_distributed()
   if _COMPILE_ONLY.value:
     from albert_jax.tools import compile_only  # pylint: disable=g-import-not-at-top
-    compile_only.report(config, device_memory_gib=_DEVICE_MEMORY.value)
+    compile_only.report(config, device_memory_gib=_DEVICE_MEMORY.value,
+                        topology=_TOPOLOGY.value)
     return
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  workdir = storage.as_str(_WORKDIR.value)  # gs://… or an absolute path
   job = config.get("job", "pretrain")
   from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
   optimizer.check(config)
@@ -166,15 +178,15 @@ def _main(argv):
     optimizer.check(config.finetune)
   if job == "pretrain":
     from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
-    result = pretrain.run(config, _WORKDIR.value)
+    result = pretrain.run(config, workdir)
     if config.get("finetune") is not None and "preempted_at" not in result:
       # A pre-training config may end with a fine-tuning stage (the demo).
       from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
       result["finetune"] = finetune.run_after_pretraining(config.finetune,
-                                                          _WORKDIR.value)
+                                                          workdir)
   elif job == "finetune":
     from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
-    result = finetune.run(config, _WORKDIR.value)
+    result = finetune.run(config, workdir)
   else:
     raise app.UsageError(f"Unknown config.job {job!r}; a config is either "
                          "'pretrain' or 'finetune'.")

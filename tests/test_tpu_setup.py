@@ -228,3 +228,23 @@ def test_shellcheck():
   result = subprocess.run([_shellcheck(), str(SCRIPT)], capture_output=True,
                           text=True, check=False)
   assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_run_says_where_logs_and_checkpoints_go():
+  result = tpu_setup("--dry_run", "run", "--name=a", "--zone=z", "--",
+                     "--config=configs/tiny.py", "--workdir=gs://b/run1/")
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.splitlines() == [
+      "# log on each worker: ~/albert_jax/logs/run1.<hostname>.log",
+      "# checkpoints: gs://b/run1/checkpoints, TensorBoard: "
+      "gs://b/run1/tensorboard"]
+
+
+def test_run_warns_of_a_workdir_on_the_workers_disks():
+  result = tpu_setup("--dry_run", "run", "--name=a", "--zone=z", "--",
+                     "--config=configs/tiny.py", "--workdir=/tmp/x")
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.splitlines()[-1] == (
+      "tpu_setup.sh: warning: --workdir=/tmp/x is on the workers' own disks, "
+      "which are not shared between a pod's workers and go away with the VM; "
+      "use --workdir=gs://BUCKET/...")

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from albert_jax import storage
 from albert_jax import tree as tree_lib
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def manager(workdir: str, *, keep: int = 3, best_metric: str | None = None,
   if best_mode not in ("max", "min"):
     raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
   directory = checkpoint_dir(workdir)
-  if os.path.exists(directory) and not os.path.isdir(directory):
+  if storage.path(directory).exists() and not storage.path(directory).is_dir():
     raise NotADirectoryError(
         f"{directory} is a file, where the workdir's checkpoints directory "
         "belongs; move it away, or choose another --workdir.")
@@ -196,7 +197,7 @@ CHECKPOINTS = "checkpoints"  # the subdirectory of a workdir
 
 def checkpoint_dir(workdir: str) -> str:
   """Where a workdir's checkpoints live."""
-  return os.path.join(os.path.abspath(os.fspath(workdir)), CHECKPOINTS)
+  return os.fspath(storage.path(storage.as_str(workdir)) / CHECKPOINTS)
 
 
 class CheckpointShapeError(ValueError):
@@ -346,9 +347,8 @@ def _set_aside(mngr: ocp.CheckpointManager, steps: Sequence[int]) -> None:
   skips a step that exists), so a re-trained final step would never be
   saved. Renamed, they are kept for inspection and ignored by orbax.
   """
-  from etils import epath  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
-    root = epath.Path(mngr.directory)
+    root = storage.path(os.fspath(mngr.directory))
     for step in steps:
       source = root / str(step)
       if not source.exists():
@@ -432,7 +432,7 @@ def _read_only_manager(directory: str) -> ocp.CheckpointManager:
 def available_steps(workdir: str) -> list[int]:
   """The complete checkpoints' steps in a workdir, ascending ([] if none)."""
   directory = checkpoint_dir(workdir)
-  if not os.path.isdir(directory):
+  if not storage.path(directory).is_dir():
     return []
   return sorted(_read_only_manager(directory).all_steps())
 
@@ -460,7 +460,7 @@ def restore_params(workdir: str, abstract_params: Any,
     UnreadableCheckpointError: no checkpoint could be read.
   """
   directory = checkpoint_dir(workdir)
-  mngr = (_read_only_manager(directory) if os.path.isdir(directory)
+  mngr = (_read_only_manager(directory) if storage.path(directory).is_dir()
           else None)
   available = sorted(mngr.all_steps(), reverse=True) if mngr else []
   if not available:

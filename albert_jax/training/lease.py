@@ -2,7 +2,8 @@
 
 Two runs started on one workdir would both train, and each one's checkpoint
 retention would delete the other's checkpoints. The first run takes
-WORKDIR/lease.json (created only if it does not exist) and refreshes its
+WORKDIR/lease.json (created only if it does not exist: `O_EXCL` locally,
+the precondition `ifGenerationMatch=0` on gs://) and refreshes its
 heartbeat every `HEARTBEAT_SECONDS` from a background thread; a second run
 refuses, naming the owner. A lease whose heartbeat is older than
 `STALE_SECONDS`, or whose process on this host has ended (its run was
@@ -24,6 +25,8 @@ import uuid
 
 import jax
 import numpy as np
+
+from albert_jax import storage
 
 log = logging.getLogger(__name__)
 
@@ -69,25 +72,25 @@ class Lease:
     if self.thread is not None:
       self.thread.join()
     if self.thread is not None and not self.lost:
-      try:
-        os.remove(self.path)
-      except FileNotFoundError:
-        pass
+      storage.path(self.path).unlink(missing_ok=True)
 
 
 def _read(path: str) -> dict | None:
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(storage.path(path).read_text(encoding="utf-8"))
   except FileNotFoundError:
     return None
   except (OSError, ValueError):
     # Being written (created, not yet filled), or damaged: held, with the
     # file's own time as its heartbeat.
     try:
-      return {"heartbeat": os.path.getmtime(path)}
-    except OSError:
+      return {"heartbeat": storage.path(path).stat().mtime}
+    except (OSError, AttributeError):
       return {}
+
+
+def _workdir(path: str) -> str:
+  return os.fspath(storage.path(path).parent)
 
 
 def _pid_namespace() -> str:
@@ -107,20 +110,11 @@ def _record(owner: str) -> dict:
 
 def _create(path: str, record: dict) -> bool:
   """Writes `record` to `path` only if no file is there; whether it did."""
-  try:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-  except FileExistsError:
-    return False
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    json.dump(record, f)
-  return True
+  return storage.create_if_absent(path, json.dumps(record).encode("utf-8"))
 
 
 def _replace(path: str, record: dict) -> None:
-  tmp = f"{path}.{record['owner']}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(record, f)
-  os.replace(tmp, path)
+  storage.write_atomic(path, json.dumps(record))
 
 
 def _describe(held: dict, now: float) -> str:
@@ -152,7 +146,7 @@ def _beat(path: str, record: dict, stop: threading.Event,
     held = _read(path)
     if held is not None and held.get("owner") != record["owner"]:
       log.error("The lease on %s was taken over by %s; this run stops "
-                "before its next step.", os.path.dirname(path),
+                "before its next step.", _workdir(path),
                 _describe(held, time.time()))
       taken.set()
       return
@@ -169,7 +163,7 @@ def acquire(workdir: str, take_over: bool = False, *,
   Raises:
     WorkdirBusyError: another run's lease is live, naming it and the fixes.
   """
-  path = os.path.join(workdir, LEASE)
+  path = os.fspath(storage.path(workdir) / LEASE)
   owner = uuid.uuid4().hex
   stop, error, lease = threading.Event(), None, None
   if jax.process_index() == 0:
@@ -193,7 +187,7 @@ def acquire(workdir: str, take_over: bool = False, *,
 def _take(path: str, owner: str, stop: threading.Event, take_over: bool,
           heartbeat_seconds: float, stale_seconds: float) -> Lease:
   """Process 0's side of `acquire`."""
-  workdir = os.path.dirname(path)
+  workdir = _workdir(path)
   record = _record(owner)
   if not _create(path, record):
     held = _read(path) or {}

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.model import flops as flops_lib
 from albert_jax.training import checkpoints
 from albert_jax.training import lease as lease_lib
@@ -130,15 +131,16 @@ def git_commit() -> str:
 def prepare_workdir(workdir: str) -> None:
   """Creates the workdir, failing early and clearly if it is not writable."""
   try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
-    with open(probe, "w", encoding="utf-8") as f:
-      f.write("ok")
-    os.remove(probe)
+    root = storage.path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    probe = root / f".write_test.{os.getpid()}"
+    probe.write_text("ok")
+    probe.unlink()
   except OSError as e:
     raise PermissionError(
-        f"Cannot write to workdir {workdir} ({e.strerror}); choose a "
-        "directory you can write, e.g. --workdir=/tmp/albert_run.") from e
+        f"Cannot write to workdir {workdir} ({e.strerror or e}); choose a "
+        "directory you can write, e.g. --workdir=/tmp/albert_run or "
+        "gs://BUCKET/albert_run.") from e
 
 
 def record_config(config, workdir: str) -> None:
@@ -150,11 +152,10 @@ def record_config(config, workdir: str) -> None:
   """
   recipe.record(config, workdir)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
-    with open(os.path.join(workdir, "git_commit.txt"), "w",
-              encoding="utf-8") as f:
-      f.write(git_commit() + "\n")
+    root = storage.path(workdir)
+    storage.write_atomic(root / "config.json",
+                         config.to_json_best_effort(indent=2))
+    storage.write_atomic(root / "git_commit.txt", git_commit() + "\n")
 
 
 class Preemption:
@@ -339,8 +340,8 @@ class _Fit:
     self.tokens_per_sequence = tokens_per_sequence
     self.best_key = best_key
     is_main = jax.process_index() == 0
-    self.writer = metrics_lib.Writer(os.path.join(workdir, "tensorboard"),
-                                     enabled=is_main)
+    self.writer = metrics_lib.Writer(
+        os.fspath(storage.path(workdir) / "tensorboard"), enabled=is_main)
     self.progress = metrics_lib.Progress(config.num_train_steps, start_step,
                                          every=config.log_every_steps,
                                          enabled=is_main)

@@ -75,7 +75,7 @@ class Writer:
     epath.Path(logdir).mkdir(parents=True, exist_ok=True)
     self._events = tensorboardX.SummaryWriter(
         logdir, filename_suffix=f".{os.getpid()}")
-    self._jsonl = epath.Path(logdir, METRICS_FILE).open("a", encoding="utf-8")
+    self._jsonl = _Appender(epath.Path(logdir, METRICS_FILE))
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
@@ -84,13 +84,43 @@ class Writer:
              if v is not None and math.isfinite(float(v))}
     for tag, value in clean.items():
       self._events.add_scalar(tag, value, step)
-    self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
-    self._jsonl.flush()
+    self._jsonl.append(json.dumps({"step": step, **clean}) + "\n")
 
   def close(self) -> None:
     if self.enabled:
       self._events.close()
       self._jsonl.close()
+
+
+class _Appender:
+  """A text file that lines are appended to, each written through at once.
+
+  Locally it is a file open for appending. A Cloud Storage object cannot be
+  appended to (gcsfs would silently overwrite it, losing a resumed run's
+  earlier lines), so there the whole text is kept and uploaded on each
+  append: metrics.jsonl holds one short line per logging step.
+  """
+
+  def __init__(self, path: epath.Path):
+    self._path = path
+    self._local = None
+    self._text = ""
+    if not os.fspath(path).startswith("gs://"):
+      self._local = path.open("a", encoding="utf-8")
+    elif path.exists():
+      self._text = path.read_text(encoding="utf-8")
+
+  def append(self, line: str) -> None:
+    if self._local is not None:
+      self._local.write(line)
+      self._local.flush()
+    else:
+      self._text += line
+      self._path.write_text(self._text, encoding="utf-8")
+
+  def close(self) -> None:
+    if self._local is not None:
+      self._local.close()
 
 
 class _EpathEventFile:

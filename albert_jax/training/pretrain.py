@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
 import flax.linen as nn
@@ -18,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
+from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
@@ -83,6 +83,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   workdir is leased to this run while it trains (`lease.acquire`).
   """
   optim.check(config)
+  workdir = storage.as_str(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   with lease_lib.acquire(workdir,
@@ -168,7 +169,6 @@ def _train(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   result = {"step": final_step, "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in out.last_eval.items()}}
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "final_metrics.json"), "w",
-              encoding="utf-8") as f:
-      json.dump(result, f, indent=2)
+    storage.write_atomic(storage.path(workdir) / "final_metrics.json",
+                         json.dumps(result, indent=2))
   return result

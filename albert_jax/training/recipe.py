@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import jax
 
+from albert_jax import storage
 from albert_jax.data import documents as documents_lib
 from albert_jax.text import run_tokenizer
 
@@ -60,17 +61,19 @@ class RecipeError(ValueError):
 
 def _fingerprint(path: str) -> str:
   """"size:sha256" of a file's first and last MiB; for a directory, of each
-  of its files by name."""
-  if os.path.isdir(path):
+  of its files by name. Local or gs://."""
+  p = storage.path(path)
+  if p.is_dir():
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(path)):
-      if os.path.isfile(os.path.join(path, name)):
-        digest.update(f"{name}={_fingerprint(os.path.join(path, name))};"
+    for child in sorted(p.iterdir(), key=lambda c: c.name):
+      if child.is_file():
+        digest.update(f"{child.name}={_fingerprint(os.fspath(child))};"
                       .encode())
     return "dir:" + digest.hexdigest()[:32]
-  size = os.path.getsize(path)
   digest = hashlib.sha256()
-  with open(path, "rb") as f:
+  with p.open("rb") as f:
+    size = f.seek(0, os.SEEK_END)
+    f.seek(0)
     digest.update(f.read(_BLOCK))
     if size > 2 * _BLOCK:
       f.seek(size - _BLOCK)
@@ -86,10 +89,10 @@ def _named_files(key: str, value: Any) -> list[str] | None:
   if key == "data.corpus":
     value = documents_lib.corpus_pattern(value)
   if key == "data.data_dir":
-    metadata = os.path.join(value, "dataset.json")
-    return [metadata] if os.path.isfile(metadata) else None
-  if os.path.exists(os.path.expanduser(value)):
-    return [os.path.expanduser(value)]
+    metadata = storage.path(value) / "dataset.json"
+    return [os.fspath(metadata)] if metadata.is_file() else None
+  if storage.path(value).exists():
+    return [os.fspath(storage.path(value))]
   try:  # globs exactly as the corpus reader expands them
     return documents_lib.expand_paths(value)
   except FileNotFoundError:
@@ -126,7 +129,7 @@ def recipe(config, workdir: str) -> dict[str, Any]:
       own = run_tokenizer.workdir_path(values, workdir)
     except ValueError:  # a bad tokenizer_type: the run reports it itself
       own = None
-    if own and os.path.exists(own):
+    if own and storage.path(own).exists():
       files["data.tokenizer"] = [_fingerprint(own)]
   return {"config": {k: v for k, v in flat.items()
                      if not _may_change(k) and k not in files},
@@ -163,11 +166,10 @@ def check(config, workdir: str) -> None:
   Raises:
     RecipeError: the differences, one per line, and what to do.
   """
-  path = os.path.join(workdir, RECIPE)
-  if not os.path.isfile(path):
+  path = storage.path(workdir) / RECIPE
+  if not path.is_file():
     return  # a new run, or one from before recipes were recorded
-  with open(path, encoding="utf-8") as f:
-    old = json.load(f)
+  old = json.loads(path.read_text(encoding="utf-8"))
   lines = _differences(old, recipe(config, workdir))
   if lines:
     raise RecipeError(
@@ -181,7 +183,5 @@ def record(config, workdir: str) -> None:
   """Writes WORKDIR/recipe.json (process 0 only)."""
   if jax.process_index() != 0:
     return
-  tmp = os.path.join(workdir, RECIPE + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(recipe(config, workdir), f, indent=2, sort_keys=True)
-  os.replace(tmp, os.path.join(workdir, RECIPE))
+  storage.write_atomic(storage.path(workdir) / RECIPE, json.dumps(
+      recipe(config, workdir), indent=2, sort_keys=True))

@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from albert_jax import storage
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import pretrain
 from training.test_resume import Run  # pylint: disable=g-bad-import-order
@@ -17,47 +19,56 @@ from training.test_resume import fixture_dataset  # noqa: F401  pylint: disable=
 
 
 def _held(workdir):
-  with open(os.path.join(workdir, lease_lib.LEASE), encoding="utf-8") as f:
-    return json.load(f)
+  return json.loads(storage.path(f"{workdir}/{lease_lib.LEASE}").read_text())
 
 
-def test_a_second_run_is_refused_until_the_first_releases(tmp_path):
-  first = lease_lib.acquire(str(tmp_path))
+def _gone(workdir):
+  return not storage.path(f"{workdir}/{lease_lib.LEASE}").exists()
+
+
+@pytest.fixture(params=["local", "gs"])
+def workdir(request, tmp_path) -> str:
+  """An empty workdir, local or on the Cloud Storage emulator."""
+  if request.param == "local":
+    return str(tmp_path)
+  return request.getfixturevalue("gcs_bucket") + "/run"
+
+
+def test_a_second_run_is_refused_until_the_first_releases(workdir):
+  first = lease_lib.acquire(workdir)
   with pytest.raises(lease_lib.WorkdirBusyError) as error:
-    lease_lib.acquire(str(tmp_path))
+    lease_lib.acquire(workdir)
   message = str(error.value)
   assert f"pid {os.getpid()} on {socket.gethostname()}" in message
-  assert "heartbeat 0 s ago" in message
+  assert re.search(r"\(heartbeat [0-2] s ago\)", message), message
   assert "--config.take_over_workdir=True" in message
   first.release()
-  assert not os.path.exists(tmp_path / lease_lib.LEASE)
-  with lease_lib.acquire(str(tmp_path)):
-    assert _held(tmp_path)["pid"] == os.getpid()
-  assert not os.path.exists(tmp_path / lease_lib.LEASE)
+  assert _gone(workdir)
+  with lease_lib.acquire(workdir):
+    assert _held(workdir)["pid"] == os.getpid()
+  assert _gone(workdir)
 
 
-def test_the_heartbeat_advances(tmp_path):
-  with lease_lib.acquire(str(tmp_path), heartbeat_seconds=0.05):
-    first = _held(tmp_path)["heartbeat"]
+def test_the_heartbeat_advances(workdir):
+  with lease_lib.acquire(workdir, heartbeat_seconds=0.05):
+    first = _held(workdir)["heartbeat"]
     deadline = time.time() + 10
-    while _held(tmp_path)["heartbeat"] == first and time.time() < deadline:
+    while _held(workdir)["heartbeat"] == first and time.time() < deadline:
       time.sleep(0.05)
-    assert _held(tmp_path)["heartbeat"] > first
+    assert _held(workdir)["heartbeat"] > first
 
 
 def _leave_lease(workdir, **fields):
   record = {"owner": "other", "host": "another-host", "pid": 1,
             "started": time.time(), "heartbeat": time.time(), **fields}
-  with open(os.path.join(workdir, lease_lib.LEASE), "w",
-            encoding="utf-8") as f:
-    json.dump(record, f)
+  storage.write_atomic(f"{workdir}/{lease_lib.LEASE}", json.dumps(record))
 
 
-def test_a_stale_lease_is_taken_over_and_said_so(tmp_path, caplog):
-  _leave_lease(tmp_path, heartbeat=time.time() - 500)
+def test_a_stale_lease_is_taken_over_and_said_so(workdir, caplog):
+  _leave_lease(workdir, heartbeat=time.time() - 500)
   with caplog.at_level(logging.WARNING):
-    with lease_lib.acquire(str(tmp_path), stale_seconds=120):
-      assert _held(tmp_path)["pid"] == os.getpid()
+    with lease_lib.acquire(workdir, stale_seconds=120):
+      assert _held(workdir)["pid"] == os.getpid()
   assert "pid 1 on another-host (heartbeat 500 s ago)" in caplog.text
   assert "its heartbeat is stale" in caplog.text
 
@@ -74,23 +85,23 @@ def test_a_killed_runs_lease_on_this_host_is_taken_over_at_once(tmp_path,
   assert "its process is gone" in caplog.text
 
 
-def test_a_live_lease_on_another_host_is_refused(tmp_path):
-  _leave_lease(tmp_path)  # pid 1 exists here, but on "another-host"
+def test_a_live_lease_on_another_host_is_refused(workdir):
+  _leave_lease(workdir)  # pid 1 exists here, but on "another-host"
   with pytest.raises(lease_lib.WorkdirBusyError,
                      match="pid 1 on another-host"):
-    lease_lib.acquire(str(tmp_path))
+    lease_lib.acquire(workdir)
 
 
-def test_take_over_flag_and_the_old_owner_lets_go(tmp_path, caplog):
-  old = lease_lib.acquire(str(tmp_path))
+def test_take_over_flag_and_the_old_owner_lets_go(workdir, caplog):
+  old = lease_lib.acquire(workdir)
   with caplog.at_level(logging.WARNING):
-    new = lease_lib.acquire(str(tmp_path), take_over=True)
+    new = lease_lib.acquire(workdir, take_over=True)
   assert "--config.take_over_workdir=True" in caplog.text
   assert old.lost and not new.lost
   old.release()  # must not delete the new owner's lease
-  assert _held(tmp_path)["owner"] == new.owner
+  assert _held(workdir)["owner"] == new.owner
   new.release()
-  assert not os.path.exists(tmp_path / lease_lib.LEASE)
+  assert _gone(workdir)
 
 
 def test_a_second_training_run_on_a_busy_workdir_is_refused(dataset,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tensorboardX import record_writer
 
+from albert_jax import storage
 from albert_jax.model import flops
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import metrics
@@ -43,6 +44,22 @@ def test_metrics_jsonl_has_a_line_per_write(tmp_path):
   assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [
       '{"step": 3, "train/loss": 1.5, "eval/mlm_accuracy": 0.25}',
       '{"step": 7, "train/loss": 1.25}']
+
+
+def test_a_resumed_runs_metrics_are_appended_in_the_bucket(gcs_bucket):
+  """On gs:// too: a second writer (the resumed run) keeps the first's lines,
+  and each line is in the bucket as soon as it is written."""
+  logdir = f"{gcs_bucket}/run/tensorboard"
+  jsonl = storage.path(f"{logdir}/metrics.jsonl")
+  first = metrics.Writer(logdir)
+  first.write(3, {"train/loss": 1.5})
+  assert jsonl.read_text() == '{"step": 3, "train/loss": 1.5}\n'
+  first.close()
+  second = metrics.Writer(logdir)
+  second.write(7, {"train/loss": 1.25})
+  second.close()
+  assert jsonl.read_text().splitlines() == [
+      '{"step": 3, "train/loss": 1.5}', '{"step": 7, "train/loss": 1.25}']
 
 
 def test_gs_event_files_go_through_epath(tmp_path):
