@@ -216,6 +216,39 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   return c
 
 
+BERT_RECIPES = ("bert", "albert")
+
+
+def bert_config(size: str, recipe: str = "bert") -> ml_collections.ConfigDict:
+  """A BERT pre-training config: BERT's model, trained by one of two recipes.
+
+  recipe="bert" is Devlin et al. (2019) and the official run_pretraining.py:
+  masked LM + next-sentence prediction, single-token masking (15%, 80/10/10;
+  at most 76 predictions in 512 tokens), Adam with decoupled weight decay
+  0.01 and no bias correction (the official AdamWeightDecayOptimizer),
+  lr 1e-4 with 10k warmup steps and linear decay, global-norm clipping 1.0,
+  batch 256 × 512 for 1M steps. (BERT ran 90% of its steps at length 128;
+  one length is used here.)
+
+  recipe="albert" is the ALBERT paper's BERT baseline (Lan et al., 2020,
+  Tables 1-2): the same model trained exactly as ALBERT is, with n-gram
+  masking, sentence-order prediction and LAMB at 0.00176, batch 4096 for
+  125k steps.
+  """
+  if recipe not in BERT_RECIPES:
+    raise ValueError(f"Unknown BERT recipe {recipe!r}; choose one of "
+                     f"{', '.join(BERT_RECIPES)}.")
+  model = bert_model(size)
+  if recipe == "albert":
+    return base_config(model)
+  c = base_config(model, objective="nsp", optimizer="adamw",
+                  learning_rate=1e-4, batch_size=256,
+                  num_train_steps=1_000_000, warmup_steps=10_000,
+                  max_seq_length=512, max_predictions=76)
+  c.masking.update(dict(max_ngram=1, whole_word=False))
+  return c
+
+
 def electra_config(model, *, generator_fraction: float, **run: Any):
   """An ELECTRA run's ConfigDict around a model section (the
   discriminator's): `base_config(model, **run)` with ELECTRA's

@@ -1,14 +1,23 @@
-r"""BERT-large (335M parameters) as ALBERT with nothing shared or factorised.
+r"""BERT-large (335M parameters): ALBERT with nothing shared or factorised.
 
 24 layers, H=E=1024, 16 heads, FFN 4096, vocab 30522, dropout 0.1, exact
-gelu: the baseline of the ALBERT paper's comparisons. No arguments.
+gelu. Argument `recipe=bert|albert` (default bert):
+  bert    BERT's own pre-training: masked LM + next-sentence prediction,
+          single-token masking, Adam (official, no bias correction) at 1e-4
+          with 10k warmup, batch 256 × 512, 1M steps
+          (config_lib.bert_config). Prepare its data with
+          `--objective nsp`.
+  albert  the ALBERT paper's BERT baseline: ALBERT's recipe (n-gram masking,
+          SOP, LAMB at 0.00176, batch 4096, 125k steps).
 
   python -m albert_jax.tools.summary --config=configs/bert_large.py
+  python -m albert_jax.main --config=configs/bert_large.py:recipe=albert \
+      --workdir=/tmp/bert_large
 """
 
 from albert_jax import config_lib
 
 
 def get_config(arg=None):
-  config_lib.parse_arg(arg)  # takes none; refuses a stray `:arg`
-  return config_lib.base_config(config_lib.bert_model("large"))
+  args = config_lib.parse_arg(arg, recipe="bert")
+  return config_lib.bert_config("large", args.recipe)

@@ -36,8 +36,8 @@ ALBERT_SIZES = ("base", "large", "xlarge", "xxlarge")
 # Every argument each file documents, as written on a command line.
 ARGS = {
     **{f"albert_{s}": ["version=1", "version=2"] for s in ALBERT_SIZES},
-    "bert_base": [""],
-    "bert_large": [""],
+    "bert_base": ["", "recipe=bert", "recipe=albert"],
+    "bert_large": ["", "recipe=albert"],
     "tiny": ["share=none,projection=false", "share=attention,inner=2",
              "layers=4,groups=2,share=ffn", "dropout=0.1,act=gelu",
              "dtype=bfloat16"],
@@ -290,3 +290,22 @@ def test_published_parameter_counts(name):
     assert with_mlm - base == mlm
     assert count_params(cfg) - with_mlm == sop
 
+
+
+def test_bert_trains_by_berts_recipe_unless_asked_for_albert():
+  bert = get_config("bert_base")
+  assert (bert.data.objective, bert.masking.max_ngram, bert.masking.whole_word,
+          bert.masking.max_predictions, bert.data.max_seq_length) == (
+              "nsp", 1, False, 76, 512)
+  o = bert.optimizer
+  assert (o.name, o.learning_rate, o.warmup_steps, o.bias_correction,
+          o.weight_decay, o.clip_norm, o.eps) == (
+              "adamw", 1e-4, 10_000, False, 0.01, 1.0, 1e-6)
+  assert (bert.batch_size, bert.num_train_steps) == (256, 1_000_000)
+  as_albert = get_config("bert_base", "recipe=albert").to_dict()
+  albert = get_config("albert_base").to_dict()
+  for key in ("data", "masking", "optimizer", "batch_size", "num_train_steps"):
+    assert as_albert[key] == albert[key], key
+  with pytest.raises(ValueError, match="Unknown BERT recipe 'roberta'; "
+                     "choose one of bert, albert."):
+    get_config("bert_large", "recipe=roberta")
