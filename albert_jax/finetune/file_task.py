@@ -5,6 +5,8 @@ or label fails before any model is built, with the file, the line and the
 fix. Formats (TSV, CSV, JSONL, optionally gzipped) are read by
 `albert_jax.finetune.tabular`.
 
+Files are local paths (`~` expanded) or `gs://BUCKET/...`.
+
 Splits: "train", "eval" (evaluated during training; selects the best
 checkpoint) and, with `test_file`, "test". Predictions are written for
 "eval" and "test" as `<split>_predictions.tsv`: row index, prediction (the
@@ -36,12 +38,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 import os
 from typing import Optional
 
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.finetune import classification
 from albert_jax.finetune import metrics as task_metrics
 from albert_jax.finetune import task as task_lib
@@ -220,16 +224,17 @@ class FilesTask(classification.SingleLabelTask):
     """`<split>_predictions.tsv`: row, prediction (and label)."""
     pred = classification.row_predictions(predictions, split)
     rows: Rows = split.examples
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{split.name}_predictions.tsv")
-    with open(path, "w", encoding="utf-8", newline="") as f:
-      writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-      writer.writerow(["row", "prediction"] + (["label"] if rows.gold else []))
-      for i, p in enumerate(pred):
-        shown = f"{float(p):.6f}" if self.regression else self.labels[int(p)]
-        writer.writerow([int(rows.index[i]), shown] +
-                        ([rows.gold[i]] if rows.gold else []))
-    return [path]
+    out = io.StringIO()
+    writer = csv.writer(out, delimiter="\t", lineterminator="\n")
+    writer.writerow(["row", "prediction"] + (["label"] if rows.gold else []))
+    for i, p in enumerate(pred):
+      shown = f"{float(p):.6f}" if self.regression else self.labels[int(p)]
+      writer.writerow([int(rows.index[i]), shown] +
+                      ([rows.gold[i]] if rows.gold else []))
+    path = storage.path(directory) / f"{split.name}_predictions.tsv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    storage.write_atomic(path, out.getvalue())
+    return [os.fspath(path)]
 
 
 def make_task(name: str, data) -> FilesTask:

@@ -24,8 +24,8 @@ also gets `<split>_predictions.tsv` (idx, prediction, label; STS-B values
 unclipped, so the file reproduces the metrics).
 
 `data` keys read (all optional):
-  tfds_data_dir: where TFDS keeps its datasets (default None: TFDS's own
-    default, ~/tensorflow_datasets or $TFDS_DATA_DIR).
+  tfds_data_dir: where TFDS keeps its datasets, local or gs:// (default
+    None: TFDS's own default, ~/tensorflow_datasets or $TFDS_DATA_DIR).
   tfds_download: let TFDS download and prepare a missing dataset (default
     True; False fails fast on a machine without internet access).
   glue_ax: add the AX diagnostic set to MNLI's prediction splits (default
@@ -42,6 +42,7 @@ from typing import Optional
 
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.finetune import classification
 from albert_jax.finetune import metrics as task_metrics
 from albert_jax.finetune import task as task_lib
@@ -127,7 +128,8 @@ class GlueTask(classification.SingleLabelTask):
     self.num_labels, self.regression = len(spec.label_names), spec.regression
     self.eval_splits = spec.eval_splits
     self.predict_splits = tuple(predict_splits)
-    self._data_dir = data.get("tfds_data_dir", None)
+    data_dir = data.get("tfds_data_dir", None)
+    self._data_dir = storage.as_str(data_dir) if data_dir else None
     self._download = bool(data.get("tfds_download", True))
 
   @property
@@ -214,15 +216,16 @@ class GlueTask(classification.SingleLabelTask):
     split, `<split>_predictions.tsv` with idx, prediction and label."""
     pred = classification.row_predictions(predictions, split)
     rows: Rows = split.examples
-    os.makedirs(directory, exist_ok=True)
+    root = storage.path(directory)
+    root.mkdir(parents=True, exist_ok=True)
     paths = []
     if rows.file is not None:
-      paths.append(os.path.join(directory, rows.file))
+      paths.append(os.fspath(root / rows.file))
       lines = [f"{i}\t{self._render(p, clip=True)}"
                for i, p in zip(rows.idx, pred)]
       _write_tsv(paths[-1], "index\tprediction", lines)
     if split.has_labels:
-      paths.append(os.path.join(directory, f"{split.name}_predictions.tsv"))
+      paths.append(os.fspath(root / f"{split.name}_predictions.tsv"))
       lines = [f"{i}\t{self._render(p, False)}\t{self._render(y, False)}"
                for i, p, y in zip(rows.idx, pred, split.features["labels"])]
       _write_tsv(paths[-1], "idx\tprediction\tlabel", lines)
@@ -234,8 +237,7 @@ def _text(value) -> str:
 
 
 def _write_tsv(path: str, header: str, lines: list[str]) -> None:
-  with open(path, "w", encoding="utf-8", newline="\n") as f:
-    f.write("\n".join([header] + lines) + "\n")
+  storage.write_atomic(path, "\n".join([header] + lines) + "\n")
 
 
 def make_task(name: str, data=None) -> GlueTask:

@@ -11,7 +11,8 @@ a softmax over the 4 choices gives the answer.
 
 `make_task("race/high" | "race/middle" | "race/all", data)` reads these
 `config.data` keys:
-  tfds_data_dir (None): TFDS data directory (None: TFDS's default).
+  tfds_data_dir (None): TFDS data directory, local or gs:// (None:
+    TFDS's default).
   tfds_download (True): let TFDS download and prepare a missing dataset.
   max_qa_length (128): question+option tokens kept.
 "race/all" reads both levels (middle, then high, as the official reader) and
@@ -31,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.model import layers
@@ -165,7 +167,8 @@ class RaceTask(Task):
     self.name = name
     self.levels = (("middle", "high") if name == "race/all" else
                    (name.split("/")[1],))
-    self.data_dir = data.get("tfds_data_dir", None)
+    data_dir = data.get("tfds_data_dir", None)
+    self.data_dir = storage.as_str(data_dir) if data_dir else None
     self.download = bool(data.get("tfds_download", True))
     self.max_qa_length = data.get("max_qa_length", 128)
     if not isinstance(self.max_qa_length, int) or self.max_qa_length < 1:
@@ -211,18 +214,17 @@ class RaceTask(Task):
 
   def write_predictions(self, predictions: dict, split: Split,
                         directory: str) -> list[str]:
-    os.makedirs(directory, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", split.name)
-    path = os.path.join(directory, f"{safe}_predictions.tsv")
+    path = storage.path(directory) / f"{safe}_predictions.tsv"
     ex = split.examples
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("id\tlevel\tprediction\tlabel\n")
-      for qid, level, pred, label in zip(ex["ids"], ex["levels"],
-                                         predictions["prediction"],
-                                         ex["labels"]):
-        f.write(f"{qid}\t{level}\t{LETTERS[int(pred)]}\t"
-                f"{LETTERS[int(label)]}\n")
-    return [path]
+    lines = ["id\tlevel\tprediction\tlabel\n"] + [
+        f"{qid}\t{level}\t{LETTERS[int(pred)]}\t{LETTERS[int(label)]}\n"
+        for qid, level, pred, label in zip(ex["ids"], ex["levels"],
+                                           predictions["prediction"],
+                                           ex["labels"])]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    storage.write_atomic(path, "".join(lines))
+    return [os.fspath(path)]
 
 
 def make_task(name: str, data) -> RaceTask:

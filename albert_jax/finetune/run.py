@@ -8,6 +8,8 @@ dtype, attention kernel). Everything else is the pre-training machinery: the
 same mesh and sharding rules, optimizer, train step (with the task as its
 objective), loop, checkpoints and metrics. At the end the best checkpoint by
 the task's metric writes the prediction files into `workdir/predictions`.
+The workdir, `config.init` and the data files may be local paths or
+gs://BUCKET/PATH (`albert_jax.storage`).
 
 `config.lm_aux_weight` λ > 0 fine-tunes a causal (GPT) model as GPT-1 did
 (Radford et al. 2018, sec. 3.2; λ = 0.5 there): the task loss plus λ × the
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
+from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.finetune import batching
 from albert_jax.finetune import registry
@@ -183,7 +186,7 @@ def data_name(config, task: Task) -> str:
   one `data.split_from` cut up, else `data.train_file`) or the task's
   dataset ("glue/mrpc")."""
   source = config.data.get("split_from") or config.data.get("train_file")
-  return os.path.basename(source) if source else task.name
+  return storage.path(source).name if source else task.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +223,7 @@ def run(config, workdir: str,
   here).
   """
   optim.check(config)
+  workdir = storage.as_str(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   if lease is not None:
@@ -248,16 +252,15 @@ def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   final_step, best_step, params = _best_params(workdir, out, start)
   best_eval, written = _best_predictions(
       setup, predict, params, eval_batch, data_sharding,
-      os.path.join(workdir, "predictions"))
+      os.fspath(storage.path(workdir) / "predictions"))
   result = {"task": setup.task.name, "data": data_name(config, setup.task),
             "step": final_step, "best_step": best_step,
             "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in best_eval.items()},
             "predictions": written}
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "final_metrics.json"), "w",
-              encoding="utf-8") as f:
-      json.dump(result, f, indent=2)
+    storage.write_atomic(storage.path(workdir) / "final_metrics.json",
+                         json.dumps(result, indent=2))
   return result
 
 
@@ -382,7 +385,7 @@ def _best_predictions(setup: _Setup, predict, params, eval_batch: int,
   written = []
   best_eval = {}
   if jax.process_index() == 0:
-    os.makedirs(pred_dir, exist_ok=True)
+    storage.path(pred_dir).mkdir(parents=True, exist_ok=True)
   names = list(task.eval_splits) + [s for s in task.predict_splits
                                     if s not in task.eval_splits]
   majority = _majority_label(setup.train_split)
@@ -414,7 +417,8 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
   """
   config = config.copy_and_resolve_references()
   optim.check(config)
-  workdir = os.path.join(pretrain_workdir, "finetune")
+  workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
+                      / "finetune")
   loop.prepare_workdir(workdir)
   # Leased before the split files are written: a second launch must not
   # rewrite the files a running fine-tune reads.
@@ -434,9 +438,10 @@ def _with_split_data(config, workdir: str, pretrain_workdir: str):
     if source:
       from albert_jax.finetune import tabular  # pylint: disable=g-import-not-at-top
       if source.startswith("bundled/"):
+        # A file shipped inside the package, not a user path.
         source = os.path.join(os.path.dirname(os.path.dirname(__file__)),
                               "data", source)
-      out_dir = os.path.join(workdir, "data")
+      out_dir = os.fspath(storage.path(workdir) / "data")
       if jax.process_index() == 0:
         parts = tabular.split_file(
             source, out_dir, tuple(config.data.split_fractions),
@@ -447,7 +452,8 @@ def _with_split_data(config, workdir: str, pretrain_workdir: str):
       suffix = tabular.file_format(source) + (
           ".gz" if source.endswith(".gz") else "")
       for name in ("train", "eval", "test"):
-        config.data[f"{name}_file"] = os.path.join(out_dir, name + suffix)
+        config.data[f"{name}_file"] = os.fspath(
+            storage.path(out_dir) / (name + suffix))
       if jax.process_index() == 0:
         log.info("Split %s into %s.", source, ", ".join(
             f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))

@@ -9,6 +9,7 @@ Formats go by extension, each optionally gzipped (`.gz`):
   .jsonl one JSON object per line.
 Files are UTF-8 (a BOM is allowed); blank lines are skipped. A row's index is
 its 0-based position among the data rows (header and blank lines excluded).
+Paths are local (`~` expanded) or `gs://BUCKET/...` (`albert_jax.storage`).
 
 `split_file` (and `python -m albert_jax.finetune.tabular split IN OUT_DIR`)
 cuts one labelled file into stratified train/eval/test files of its format.
@@ -28,6 +29,8 @@ import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
+
+from albert_jax import storage
 
 FORMATS = (".tsv", ".csv", ".jsonl")
 
@@ -57,7 +60,7 @@ class Table:
 def file_format(path: str) -> str:
   """".tsv", ".csv" or ".jsonl" from the name (after a ".gz")."""
   base = path[:-3] if path.endswith(".gz") else path
-  ext = os.path.splitext(base)[1].lower()
+  ext = storage.path(base).suffix.lower()
   if ext not in FORMATS:
     raise FileFormatError(f"{path}: unknown format {ext or '(none)'!r}; name "
                           f"the file *{', *'.join(FORMATS)} (optionally .gz).")
@@ -67,9 +70,10 @@ def file_format(path: str) -> str:
 def _lines(path: str):
   """Yields (line number, text) with strict UTF-8 decoding line by line, so
   a bad byte is reported where it is."""
-  opener = gzip.open if path.endswith(".gz") else open
   try:
-    with opener(path, "rb") as f:
+    with storage.path(path).open("rb") as stored, (
+        gzip.GzipFile(fileobj=stored, mode="rb") if path.endswith(".gz")
+        else stored) as f:
       for number, raw in enumerate(f, 1):
         if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
           raw = raw[3:]
@@ -140,9 +144,11 @@ def read_table(path: str, header: Optional[Sequence[str]] = None,
   """
   path = os.fspath(path)
   ext = file_format(path)
-  if not os.path.isfile(path):
-    raise FileFormatError(f"{what} {path!r} does not exist; check the path "
-                          f"(relative paths start at {os.getcwd()}).")
+  if not storage.path(path).is_file():
+    raise FileFormatError(
+        f"{what} {path!r} does not exist; check the path"
+        + ("." if storage.is_remote(path)
+           else f" (relative paths start at {os.getcwd()})."))
   if header is not None and ext == ".jsonl":
     raise FileFormatError(f"{what} {path}: data.header is for TSV/CSV files "
                           "without a header row; JSONL rows name their "
@@ -246,8 +252,7 @@ def write_table(path: str, table: Table) -> None:
   data = "".join(lines).encode("utf-8")
   if path.endswith(".gz"):
     data = gzip.compress(data, mtime=0)
-  with open(path, "wb") as f:
-    f.write(data)
+  storage.write_atomic(path, data)
 
 
 def split_file(path: str, out_dir: str,
@@ -292,11 +297,11 @@ def split_file(path: str, out_dir: str,
       part.extend(int(m) for m in members[start:start + count])
       start += count
   suffix = file_format(path) + (".gz" if path.endswith(".gz") else "")
-  os.makedirs(out_dir, exist_ok=True)
+  storage.path(out_dir).mkdir(parents=True, exist_ok=True)
   result = {}
   for name, part in zip(("train", "eval", "test"), parts):
     part.sort()
-    out = os.path.join(out_dir, name + suffix)
+    out = os.fspath(storage.path(out_dir) / (name + suffix))
     write_table(out, dataclasses.replace(
         table, path=out, rows=[table.rows[i] for i in part],
         lines=[table.lines[i] for i in part]))

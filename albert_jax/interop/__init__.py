@@ -10,8 +10,19 @@ Modules:
   workdir_loading: albert_jax training workdirs.
 
 `albert_jax.interop.hf` and `albert_jax.interop.pretrained` are the public entry points.
+
+Checkpoint directories are local (`~` expanded) or `gs://BUCKET/...`: every
+file is reached through `albert_jax.storage`.
 """
+
+import os
 
 
 class CheckpointError(ValueError):
   """A checkpoint that cannot be loaded, with what to do about it."""
+
+
+def child(directory, name: str) -> str:
+  """`directory/name`, with `directory` as the user wrote it (so messages
+  name it so); `albert_jax.storage.path` resolves it."""
+  return f"{os.fspath(directory).rstrip('/')}/{name}"

@@ -9,10 +9,11 @@ name rather than loaded into a model that computes something else.
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any, Mapping
 
+from albert_jax import storage
+from albert_jax.interop import child
 from albert_jax.model.config import ModelConfig
 
 SUPPORTED_MODEL_TYPES = ("albert", "bert", "electra", "roberta")
@@ -68,12 +69,11 @@ _CLASS_NAME = re.compile(r"(Albert|Bert|Roberta|Electra)[A-Z]")
 
 def read_config(path: str) -> dict[str, Any]:
   """The parsed `config.json` of checkpoint directory `path`."""
-  file = os.path.join(path, "config.json")
-  with open(file, encoding="utf-8") as f:
-    try:
-      config = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ValueError(f"{file} is not valid JSON: {e}") from e
+  file = child(path, "config.json")
+  try:
+    config = json.loads(storage.path(file).read_bytes())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{file} is not valid JSON: {e}") from e
   if not isinstance(config, dict):
     raise ValueError(f"{file} holds a {type(config).__name__}, not a JSON "
                      "object of config fields.")

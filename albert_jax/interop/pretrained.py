@@ -13,7 +13,8 @@ Accepts:
   * an albert_jax training workdir (the trainer's `config.json` and
     `checkpoints/`).
 
-`Pretrained.to_hf` writes any of the HF layouts back.
+`Pretrained.to_hf` writes any of the HF layouts back. Directories are local
+(`~` expanded) or `gs://BUCKET/...`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.interop import CheckpointError
+from albert_jax.interop import child
 from albert_jax.interop import hf
 from albert_jax.interop import tensor_map
 from albert_jax.interop import tf_checkpoint
@@ -236,7 +239,7 @@ class Pretrained:
     ElectraForPreTraining.
 
     Args:
-      path: directory to write; created if needed.
+      path: directory to write, local or gs://; created if needed.
       model_type: the family to write; default the one loaded from, else the
         one the config's structure implies (share="all" with a projection is
         ALBERT; share="none" is BERT, RoBERTa with positions from padding,
@@ -246,7 +249,7 @@ class Pretrained:
       ValueError: the model has no equivalent in that family (the message
         says why); a causal model has none in any of them.
     """
-    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
     cfg = self.model_config
     if cfg.causal:
       raise ValueError(
@@ -259,11 +262,12 @@ class Pretrained:
     state = hf.params_to_hf(params, cfg, model_type)
     parts = {h: h in params for h in ("pooler", "mlm", "sop", "rtd")}
     arch = hf.architecture_for(parts, model_type)
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(hf.config_to_hf(cfg, model_type, arch), f, indent=2)
-    save_file(state, os.path.join(path, "model.safetensors"),
-              metadata={"format": "pt"})
+    storage.path(path).mkdir(parents=True, exist_ok=True)
+    storage.write_atomic(
+        child(path, "config.json"),
+        json.dumps(hf.config_to_hf(cfg, model_type, arch), indent=2))
+    storage.write_atomic(child(path, "model.safetensors"),
+                         save(state, metadata={"format": "pt"}))
     if self.tokenizer is not None:
       self.tokenizer.save(path)
 
@@ -295,7 +299,8 @@ def load_pretrained(path: str, step: int | None = None,
   Args:
     path: an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
       ELECTRA), a google-research/albert TF release directory, or an
-      albert_jax training workdir (its config.json and checkpoints/).
+      albert_jax training workdir (its config.json and checkpoints/); local
+      (`~` expanded) or gs://BUCKET/PATH.
     step: for a workdir, the checkpoint step to read (default: the newest
       readable one); for a TF release, read `model.ckpt-{step}` (default:
       the only checkpoint, else `model.ckpt-best`, else the newest).
@@ -319,8 +324,10 @@ def load_pretrained(path: str, step: int | None = None,
       tensors), or electra_part for anything but an ELECTRA workdir.
   """
   path = os.fspath(path)
-  if not os.path.isdir(path):
-    raise CheckpointError(f"{path} is not a directory.")
+  if not storage.path(path).is_dir():
+    raise CheckpointError(
+        f"{path} is not a directory" + (" (no object is stored under it)."
+                                        if storage.is_remote(path) else "."))
   workdir_config = workdir_lib.read_workdir_config(path)
   if workdir_config is not None:
     loaded = workdir_lib.load(path, workdir_config, step, overrides)
@@ -343,7 +350,7 @@ def load_pretrained(path: str, step: int | None = None,
         f"step={step} applies to albert_jax training workdirs and TF "
         f"checkpoints; {path} is neither (it has no trainer config.json with "
         f"checkpoints/ and no {tf_checkpoint.CONFIG_FILE}).")
-  if not os.path.exists(os.path.join(path, "config.json")):
+  if not storage.path(child(path, "config.json")).exists():
     raise CheckpointError(
         f"{path} has no config.json; expected a directory written by "
         "transformers' save_pretrained, or an official ALBERT release "

@@ -3,7 +3,10 @@
 A release directory holds `albert_config.json`, a TF1 checkpoint
 (`model.ckpt-*.index` and its `.data-*` shards) and the SentencePiece model
 `30k-clean.model`. Variables are read with `tf.train.load_checkpoint`;
-TensorFlow is imported only here, only when such a directory is loaded.
+TensorFlow is imported only here, only when such a directory is loaded. A
+`gs://` directory's checkpoint files are first copied into a local temporary
+directory: TensorFlow reaches Cloud Storage only through its own filesystem
+plugin and credentials, which `STORAGE_EMULATOR_HOST` does not steer.
 
 The official variable names (TF kernels are [in, out], the attention
 projections flat over heads):
@@ -27,14 +30,17 @@ out with a warning; anything unexpected inside them is an error.
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 from typing import Any, Mapping
 
+from albert_jax import storage
 from albert_jax.interop import CheckpointError
+from albert_jax.interop import child
 from albert_jax.interop import tensor_map
 from albert_jax.model.config import ModelConfig
 
@@ -63,7 +69,7 @@ _INSTALL = "install TensorFlow with `pip install 'albert_jax[tf]'`"
 
 
 def is_release_dir(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, CONFIG_FILE))
+  return storage.path(child(path, CONFIG_FILE)).is_file()
 
 
 def config_from_tf(values: Mapping[str, Any]) -> ModelConfig:
@@ -110,9 +116,9 @@ def find_checkpoint(path: str, step: int | None = None) -> str:
   `model.ckpt-{step}` when `step` is given; otherwise the only checkpoint,
   else the releases' `model.ckpt-best`, else the highest-numbered one.
   """
-  prefixes = sorted(f[:-len(".index")] for f in glob.glob(
-      os.path.join(glob.escape(path), "*.index")))
-  names = [os.path.basename(p) for p in prefixes]
+  names = sorted(p.name[:-len(".index")] for p in storage.path(path).iterdir()
+                 if p.name.endswith(".index"))
+  prefixes = [child(path, n) for n in names]
   if not prefixes:
     raise CheckpointError(
         f"{path} has {CONFIG_FILE} but no TF checkpoint (model.ckpt-*.index "
@@ -121,13 +127,13 @@ def find_checkpoint(path: str, step: int | None = None) -> str:
     if f"model.ckpt-{step}" not in names:
       raise CheckpointError(f"{path} has no checkpoint model.ckpt-{step}; "
                             f"it holds {names}.")
-    return os.path.join(path, f"model.ckpt-{step}")
+    return child(path, f"model.ckpt-{step}")
   if len(prefixes) == 1:
     return prefixes[0]
   if "model.ckpt-best" in names:
-    return os.path.join(path, "model.ckpt-best")
-  numbered = {int(m.group(1)): p for p in prefixes
-              if (m := re.fullmatch(r"model\.ckpt-(\d+)", os.path.basename(p)))}
+    return child(path, "model.ckpt-best")
+  numbered = {int(m.group(1)): p for n, p in zip(names, prefixes)
+              if (m := re.fullmatch(r"model\.ckpt-(\d+)", n))}
   if not numbered:
     raise CheckpointError(f"{path} holds several checkpoints {names} and "
                           "none is model.ckpt-best or model.ckpt-N; keep one.")
@@ -197,7 +203,26 @@ def _skipped(name: str) -> bool:
   return name in _NON_WEIGHTS or name.rsplit("/", 1)[-1] in _SLOTS
 
 
-def _reader(prefix: str):
+def _local_prefix(prefix: str, staging: str) -> str:
+  """A local name for the checkpoint `prefix`: its own (with `~` expanded),
+  or for a gs:// one, that of a copy of its .index and .data-* files in the
+  directory `staging`."""
+  source = storage.path(prefix)
+  if not storage.is_remote(source):
+    return os.fspath(source)
+  for f in source.parent.iterdir():
+    if f.name == f"{source.name}.index" or f.name.startswith(
+        f"{source.name}.data-"):
+      with f.open("rb") as src, open(os.path.join(staging, f.name),
+                                     "wb") as dst:
+        shutil.copyfileobj(src, dst, 16 << 20)
+  return os.path.join(staging, source.name)
+
+
+def _reader(prefix: str, staging: str):
+  """TensorFlow's reader of the checkpoint `prefix` (`_local_prefix`'s copy
+  in `staging` for a gs:// one); errors name `prefix` as the user's path
+  gives it."""
   try:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -205,7 +230,7 @@ def _reader(prefix: str):
         f"{prefix} is a TensorFlow checkpoint and TensorFlow is not "
         f"installed; {_INSTALL}.") from e
   try:
-    return tf.train.load_checkpoint(prefix)
+    return tf.train.load_checkpoint(_local_prefix(prefix, staging))
   except (tf.errors.OpError, ValueError) as e:
     raise CheckpointError(
         f"TensorFlow cannot read the checkpoint {prefix} ({e}). Its .index "
@@ -215,10 +240,9 @@ def _reader(prefix: str):
 def load(path: str, step: int | None, overrides: Mapping[str, Any]
          ) -> dict[str, Any]:
   """The fields of a `Pretrained` for release directory `path`."""
-  config_file = os.path.join(path, CONFIG_FILE)
+  config_file = child(path, CONFIG_FILE)
   try:
-    with open(config_file, encoding="utf-8") as f:
-      values = json.load(f)
+    values = json.loads(storage.path(config_file).read_bytes())
     if not isinstance(values, dict):
       raise ValueError(f"it holds a {type(values).__name__}, not a JSON "
                        "object")
@@ -229,7 +253,14 @@ def load(path: str, step: int | None, overrides: Mapping[str, Any]
           TypeError) as e:
     raise CheckpointError(f"{config_file}: {e}") from e
   prefix = find_checkpoint(path, step)
-  reader = _reader(prefix)
+  with tempfile.TemporaryDirectory(prefix="albert_jax_tf_") as staging:
+    return _read_checkpoint(prefix, _reader(prefix, staging), cfg,
+                            overrides)
+
+
+def _read_checkpoint(prefix: str, reader, cfg: ModelConfig,
+                     overrides: Mapping[str, Any]) -> dict[str, Any]:
+  """The `load` fields from the checkpoint `reader` reads (`prefix`)."""
   shapes = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
   parts = detect_parts(shapes)
   table = entries(cfg, parts)

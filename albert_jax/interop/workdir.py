@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
+from albert_jax import storage
 from albert_jax.interop import CheckpointError
+from albert_jax.interop import child
 from albert_jax.model import albert as albert_lib
 from albert_jax.model import electra
 from albert_jax.model.config import ModelConfig
@@ -33,17 +34,16 @@ def read_workdir_config(path: str) -> dict | None:
   flat (`model_type`, `hidden_size`, ...). A `checkpoints/` directory without
   a trainer config is an error rather than an HF directory.
   """
-  config_path = os.path.join(path, "config.json")
-  has_checkpoints = os.path.isdir(os.path.join(path, "checkpoints"))
-  if not os.path.exists(config_path):
+  config_path = child(path, "config.json")
+  has_checkpoints = storage.path(child(path, "checkpoints")).is_dir()
+  if not storage.path(config_path).exists():
     if has_checkpoints:
       raise CheckpointError(
           f"{path} has checkpoints/ but no config.json; the trainer writes "
           "the run's config there, which is needed to rebuild the model.")
     return None
   try:
-    with open(config_path, encoding="utf-8") as f:
-      config = json.load(f)
+    config = json.loads(storage.path(config_path).read_bytes())
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
     if has_checkpoints:
       raise CheckpointError(f"{config_path} is not readable JSON: {e}") from e

@@ -15,6 +15,10 @@ step, one line per run. The table is also printed.
 
 The curves need matplotlib. They are drawn from metrics.jsonl, which the
 trainer writes beside its TensorBoard event files (`metrics.Writer`).
+
+RUN_DIRs and DIR are local (`~` expanded) or gs://BUCKET/PATH. A RUN_DIR with
+wildcards (`*`, `?`, `[...]`) is expanded here, so `'gs://b/sweep/*/'` (which
+no shell expands) names every run of a sweep.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
 import sys
 from typing import Any, Mapping, Sequence
 
+from albert_jax import storage
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import metrics
 
@@ -65,8 +71,7 @@ class Run:
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
   try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
+    value = json.loads(storage.path(path).read_bytes())
   except json.JSONDecodeError as e:
     raise ReportError(f"{path} is not valid JSON ({e}); {what}") from None
   if not isinstance(value, dict):
@@ -75,31 +80,34 @@ def _read_json(path: str, what: str) -> dict[str, Any]:
 
 
 def load_run(path: str) -> Run:
-  """Reads a pre-training workdir; a clear error names what is missing."""
-  path = os.path.normpath(path)
-  if not os.path.isdir(path):
+  """Reads a pre-training workdir (local or gs://); a clear error names what
+  is missing."""
+  path = os.fspath(path)
+  path = path if storage.is_remote(path) else os.path.normpath(path)
+  path = path.rstrip("/") or path
+  if not storage.path(path).is_dir():
     raise ReportError(f"{path} is not a directory; give the workdirs of "
                       "pre-training runs (e.g. a sweep's WORKDIR_ROOT/*/).")
   not_run = (f"{path} is not a finished pre-training run (a workdir of "
              "python -m albert_jax.main)")
-  config_path = os.path.join(path, "config.json")
-  if not os.path.exists(config_path):
+  config_path = f"{path}/config.json"
+  if not storage.path(config_path).exists():
     raise ReportError(f"{not_run}: it has no config.json.")
   config = _read_json(config_path, "the trainer writes it when it starts.")
   if config.get("job", "pretrain") != "pretrain":
     raise ReportError(f"{path} is a {config['job']} run; the report compares "
                       "pre-training runs.")
-  metrics_path = os.path.join(path, "final_metrics.json")
-  if not os.path.exists(metrics_path):
+  metrics_path = f"{path}/final_metrics.json"
+  if not storage.path(metrics_path).exists():
     raise ReportError(
         f"{not_run}: it has no final_metrics.json, which the trainer writes "
         "when training ends; rerun the same command to finish it.")
   final = _read_json(metrics_path, "the trainer writes it when training ends.")
-  logdir = os.path.join(path, "tensorboard")
-  if not os.path.exists(os.path.join(logdir, metrics.METRICS_FILE)):
+  logdir = f"{path}/tensorboard"
+  if not storage.path(f"{logdir}/{metrics.METRICS_FILE}").exists():
     raise ReportError(
         f"{not_run}: it has no {logdir}/{metrics.METRICS_FILE}.")
-  return Run(os.path.basename(path), path, config, final,
+  return Run(storage.path(path).name, path, config, final,
              read_scalars(logdir))
 
 
@@ -110,9 +118,8 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   short (a run killed while writing) ends the file; any other line that is
   not a logged step is an error naming it.
   """
-  path = os.path.join(logdir, metrics.METRICS_FILE)
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().split("\n")
+  path = f"{os.fspath(logdir).rstrip('/')}/{metrics.METRICS_FILE}"
+  lines = storage.path(path).read_bytes().decode("utf-8").split("\n")
   series: dict[str, dict[int, float]] = {}
   for number, line in enumerate(lines, 1):
     if not line:
@@ -254,7 +261,8 @@ def curve_tags(runs: Sequence[Run]) -> list[str]:
 
 
 def plot_curves(runs: Sequence[Run], path: str) -> None:
-  """Writes a PNG: one panel per `curve_tags` tag, one line per run."""
+  """Writes a PNG to `path` (local or gs://): one panel per `curve_tags`
+  tag, one line per run."""
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -288,8 +296,10 @@ def plot_curves(runs: Sequence[Run], path: str) -> None:
   fig.legend(handles, labels, loc="lower center", fontsize="small",
              ncol=max(1, min(len(labels), 2)), bbox_to_anchor=(0.5, 0.0))
   fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 2), 1, 1))
-  fig.savefig(path, dpi=100)
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=100)
   plt.close(fig)
+  storage.write_atomic(path, png.getvalue())
 
 
 def _unique_names(runs: list[Run]) -> None:
@@ -297,6 +307,27 @@ def _unique_names(runs: list[Run]) -> None:
   if len({r.name for r in runs}) < len(runs):
     for run in runs:
       run.name = run.path
+
+
+def expand_run_dirs(args: Sequence[str]) -> list[str]:
+  """The run directories the arguments name: an argument with wildcards
+  (`*`, `?`, `[`) stands for the directories it matches, in sorted order.
+
+  Raises:
+    ReportError: a pattern that matches no directory.
+  """
+  dirs = []
+  for arg in args:
+    if not any(c in arg for c in "*?["):
+      dirs.append(arg)
+      continue
+    pattern = arg.rstrip("/") or arg
+    matches = [os.fspath(p) for p in storage.glob(pattern) if p.is_dir()]
+    if not matches:
+      raise ReportError(f"{arg} matches no directory; give the workdirs of "
+                        "pre-training runs (e.g. a sweep's WORKDIR_ROOT/*/).")
+    dirs += matches
+  return dirs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -308,20 +339,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{CURVES_FILE} are written (default: here).")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    runs = [load_run(d) for d in args.run_dirs]
+    runs = [load_run(d) for d in expand_run_dirs(args.run_dirs)]
     _unique_names(runs)
     table = report_table(runs)
-    os.makedirs(args.out, exist_ok=True)
-    curves = os.path.join(args.out, CURVES_FILE)
+    out = args.out.rstrip("/") or args.out
+    storage.path(out).mkdir(parents=True, exist_ok=True)
+    curves = f"{out}/{CURVES_FILE}"
     plot_curves(runs, curves)
   except ReportError as e:
     print(f"report: {e}", file=sys.stderr)
     return 2
-  with open(os.path.join(args.out, TABLE_FILE), "w", encoding="utf-8") as f:
-    f.write(f"# Pre-training runs\n\n{table}\n\n![training curves]"
-            f"({CURVES_FILE})\n")
+  storage.write_atomic(
+      f"{out}/{TABLE_FILE}", f"# Pre-training runs\n\n{table}\n\n"
+      f"![training curves]({CURVES_FILE})\n")
   print(table)
-  print(f"\nWrote {os.path.join(args.out, TABLE_FILE)} and {curves}.")
+  print(f"\nWrote {out}/{TABLE_FILE} and {curves}.")
   return 0
 
 

@@ -19,6 +19,11 @@ to DIR/NAME/sweep.log; NAME is `k=v,k2=v2` (hashed when long or unsafe). Done
 trials (final_metrics.json) are skipped; failures are reported, the rest run
 (exit 1). The metrics table is printed and written to DIR/results.md.
 Arguments after `--` go to every trial.
+
+DIR is local (`~` expanded) or gs://BUCKET/PATH. Under gs:// a trial logs
+into ./sweep_logs/NAME.log while it runs (followed live on a terminal) and
+the log is copied to DIR/NAME/sweep.log when it ends. Sweep and config files
+are Python modules, read from the local disk.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import time
 from typing import Any, Iterable, Mapping
 
 from etils import epath
+
+from albert_jax import storage
 
 Trial = dict[str, Any]
 
@@ -127,8 +134,13 @@ def _load(spec: str):
   """(path, module, arg) of `path.py[:arg]`, the module freshly executed."""
   path, sep, arg = spec.partition(".py:")
   path, arg = (path + ".py", arg) if sep else (spec, None)
-  if not os.path.isfile(path):
+  if storage.is_remote(path):
+    raise SweepError(f"{path}: sweep and config files are Python modules, "
+                     "imported from the local disk; copy it here (gsutil cp) "
+                     "and give the local path.")
+  if not storage.path(path).is_file():
     raise SweepError(f"No such file: {path}")
+  path = os.fspath(storage.path(path))
   module = importlib.util.module_from_spec(
       importlib.util.spec_from_file_location("_loaded_by_sweep", path))
   module.__spec__.loader.exec_module(module)
@@ -208,8 +220,9 @@ def _main_args(config: str, workdir: str, trial: Trial, extra=()) -> list[str]:
 
 
 def read_metrics(workdir: str) -> dict | None:
-  """The contents of WORKDIR/final_metrics.json, None if there is none."""
-  path = epath.Path(workdir) / "final_metrics.json"
+  """The contents of WORKDIR/final_metrics.json (local or gs://), None if
+  there is none."""
+  path = storage.path(workdir) / "final_metrics.json"
   return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -230,6 +243,9 @@ def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str):
             end="", flush=True)
   print("\r\033[K" if live else "", end="")
   rc, took = proc.returncode, time.time() - start
+  if storage.is_remote(workdir):  # the run's record stays with the run
+    storage.write_atomic(storage.path(workdir) / "sweep.log",
+                         log.read_bytes())
   metrics = read_metrics(workdir)
   if rc == 0 and metrics is not None:
     print(f"{prefix}: ok in {took:.1f} s")
@@ -287,13 +303,15 @@ def main(argv: list[str] | None = None) -> int:
   except SweepError as e:
     print(f"sweep: {e}", file=sys.stderr)
     return 2
-  root, module = args.workdir_root.rstrip("/"), args.main_module
+  root = os.fspath(storage.path(args.workdir_root.rstrip("/") or "/"))
+  module = args.main_module
   python = "python" if args.print_commands else sys.executable
   launch = [python, *([] if module.endswith(".py") else ["-m"]), module]
   status, metrics = {}, {}
   for i, (name, trial) in enumerate(trials.items(), 1):
     workdir, prefix = f"{root}/{name}", f"[{i}/{len(trials)}] {name}"
-    remote = args.print_commands and "://" in root  # no need to reach gs://
+    # Printing commands need not reach gs://.
+    remote = args.print_commands and storage.is_remote(root)
     metrics[name] = None if remote else read_metrics(workdir)
     status[name] = "missing" if metrics[name] is None else "done"
     cmd = _main_args(config, workdir, trial, extra)
@@ -307,16 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     elif status[name] == "done":
       print(f"{prefix}: done, skipped")
     else:
-      log = (epath.Path("sweep_logs", name + ".log") if "://" in root
-             else epath.Path(workdir, "sweep.log"))
+      log = (epath.Path("sweep_logs", name + ".log")
+             if storage.is_remote(root) else epath.Path(workdir, "sweep.log"))
       status[name], metrics[name] = run_trial(launch + cmd, workdir, log,
                                               prefix)
   if args.print_commands:
     return 0
   table = results_table(trials, status, metrics)
   print("\n" + table)
-  epath.Path(root).mkdir(parents=True, exist_ok=True)
-  (epath.Path(root) / "results.md").write_text(
+  storage.path(root).mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(
+      storage.path(root) / "results.md",
       f"# Sweep `{args.sweep}`\n\nBase config `{config}`, workdirs under "
       f"`{root}/`.\n\n{table}\n")
   if failed := [n for n, s in status.items() if s == "failed"]:

@@ -20,11 +20,11 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 from typing import Optional, Sequence
 
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.finetune.squad.official import f1_v1
 from albert_jax.finetune.squad.official import f1_v2
 from albert_jax.finetune.squad.official import find_best_thresh
@@ -262,8 +262,9 @@ def beam_answers(predictions: dict, ex: SquadExamples, n_best_size: int,
 
 
 def write_json(path: str, value) -> str:
-  """Writes `value` as indented JSON (the official files' layout)."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(json.dumps(value, indent=4, ensure_ascii=False) + "\n")
+  """Writes `value` as indented JSON (the official files' layout) to `path`
+  (local or gs://); returns `path`."""
+  storage.path(path).parent.mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(path, json.dumps(value, indent=4, ensure_ascii=False)
+                       + "\n")
   return path

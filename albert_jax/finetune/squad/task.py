@@ -13,7 +13,8 @@ SQuAD 3.0.0) cannot be placed: its rows are labelled like an answer outside
 the window ([CLS], `is_impossible`), with a warning.
 
 `make_task("squad/v1.1" | "squad/v2.0", data)` reads these `config.data` keys:
-  tfds_data_dir (None): TFDS data directory (None: TFDS's default).
+  tfds_data_dir (None): TFDS data directory, local or gs:// (None:
+    TFDS's default).
   tfds_download (True): let TFDS download and prepare a missing dataset.
   doc_stride (128): tokens between the starts of consecutive windows.
   max_query_length (64): query tokens kept (the first ones).
@@ -40,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.finetune.squad import evaluate as squad_eval
 from albert_jax.finetune.squad import head as squad_head
 from albert_jax.finetune.task import Split
@@ -243,7 +245,8 @@ class SquadTask(Task):
     self.name = name
     self.version_2 = name == "squad/v2.0"
     get = data.get
-    self.data_dir = get("tfds_data_dir", None)
+    data_dir = get("tfds_data_dir", None)
+    self.data_dir = storage.as_str(data_dir) if data_dir else None
     self.download = bool(get("tfds_download", True))
     self.doc_stride = get("doc_stride", 128)
     self.max_query_length = get("max_query_length", 64)
@@ -335,12 +338,13 @@ class SquadTask(Task):
                         directory: str) -> list[str]:
     answers = self.answers(predictions, split)
     _, final = self._final(answers, split)
-    paths = [squad_eval.write_json(os.path.join(directory, name), value)
+    root = storage.path(directory)
+    paths = [squad_eval.write_json(os.fspath(root / name), value)
              for name, value in (("predictions.json", final),
                                  ("nbest_predictions.json", answers.nbest))]
     if self.version_2:
       paths.append(squad_eval.write_json(
-          os.path.join(directory, "null_odds.json"), answers.null_odds))
+          os.fspath(root / "null_odds.json"), answers.null_odds))
     return paths
 
 
