@@ -8,9 +8,15 @@ module calls `os.path`, `open` or `glob` on a user path.
 
 `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` sends every layer to a Cloud
 Storage emulator: gcsfs and google-cloud-storage read that variable
-themselves, and `use_emulator_from_env` maps it onto tensorstore's own
-setting (`TENSORSTORE_GCS_HTTP_URL`), which tensorstore reads once per
-process, so this runs when the package is imported.
+themselves, and `use_emulator_from_env` maps it onto the settings of the two
+that do not: tensorstore's `TENSORSTORE_GCS_HTTP_URL` (orbax's arrays), read
+once per process, and `CLOUD_STORAGE_EMULATOR_ENDPOINT`, that of the
+google-cloud-cpp client inside array_record (prepared shards). So this runs
+when the package is imported.
+
+gcsfs's listings cache is off: several processes share a workdir (the
+lease, process 0's files, data workers), and a cached listing would hide
+what another process wrote.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ def use_emulator_from_env() -> None:
   chose with `EPATH_USE_TF`. Settings the user made are kept.
   """
   os.environ.setdefault("EPATH_USE_TF", "false")
+  import fsspec  # pylint: disable=g-import-not-at-top
+  fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache",
+                                                     False)
   host = os.environ.get(EMULATOR)
   if not host:
     return
   url = host if "://" in host else f"http://{host}"
   os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url)
+  os.environ.setdefault("CLOUD_STORAGE_EMULATOR_ENDPOINT", url)
   # An emulator takes any token; without one tensorstore looks for Google
   # credentials, which a test machine has none of.
   os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")

@@ -90,6 +90,7 @@ print(storage.path(root + "/note.txt").read_text(), mngr.all_steps(), w.tolist()
 """
   env = {k: v for k, v in os.environ.items()
          if k not in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+                      "CLOUD_STORAGE_EMULATOR_ENDPOINT",
                       "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF")}
   out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=120, check=False)

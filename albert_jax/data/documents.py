@@ -4,7 +4,8 @@ Three sources:
 - `read_sentence_files`: the official ALBERT/BERT format, one sentence per
   line and a blank line between documents (`.gz` and globs allowed);
 - `read_raw_files`: one document per file, or per line of a JSON-lines file
-  (`field` names the text), split into sentences by `split_sentences`;
+  (`field` names the text), split into sentences by `split_sentences`
+  (files of both, and their globs, local or `gs://`: `albert_jax.storage`);
 - `read_tfds`: any TFDS dataset by `name[/config][:feature]`, each host
   reading only its own contiguous slice of examples.
 
@@ -17,15 +18,18 @@ warning at the end. Only mistakes that would silently produce a wrong corpus
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import glob
 import gzip
+import io
 import json
 import logging
 import os
 import re
 from typing import IO, Iterator, Sequence
 import zlib
+
+from albert_jax import storage
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +111,9 @@ def corpus_pattern(corpus: str) -> str:
 def expand_paths(patterns: str | Sequence[str]) -> list[str]:
   """Expands globs (comma-separated or a list) into files, sorted per glob.
 
+  Patterns are local (`~` expanded) or `gs://`; the files come back as
+  strings of the same kind.
+
   Raises:
     FileNotFoundError: a pattern matches no file, naming the pattern.
   """
@@ -116,19 +123,26 @@ def expand_paths(patterns: str | Sequence[str]) -> list[str]:
     raise FileNotFoundError("No input given: pass a file, glob or list.")
   paths: dict[str, None] = {}  # ordered set: overlapping globs read once
   for pattern in patterns:
-    matched = [p for p in sorted(glob.glob(os.path.expanduser(pattern),
-                                           recursive=True))
-               if os.path.isfile(p)]
+    matched = [os.fspath(p) for p in storage.glob(pattern) if p.is_file()]
     if not matched:
       raise FileNotFoundError(f"No files match {pattern!r}.")
     paths.update(dict.fromkeys(matched))
   return list(paths)
 
 
-def _open(path: str) -> IO[bytes]:
-  if path.endswith(".gz"):
-    return gzip.open(path, "rb")
-  return open(path, "rb")
+@contextlib.contextmanager
+def _open(path: str) -> Iterator[IO[bytes]]:
+  """`path`'s bytes, decompressed for `.gz`, with `readline(limit)`."""
+  with storage.path(path).open("rb") as raw:
+    # Cloud Storage files (fsspec's) take no limit in readline; a buffered
+    # reader over them does, and is a no-op cost for local ones.
+    buffered = raw if isinstance(raw, io.BufferedIOBase) else (
+        io.BufferedReader(raw, 1 << 20))
+    if path.endswith(".gz"):
+      with gzip.GzipFile(fileobj=buffered, mode="rb") as reader:
+        yield reader
+    else:
+      yield buffered
 
 
 def _lines(path: str, stats: ReadStats,

@@ -9,6 +9,15 @@ per record (static masking) or per (record, epoch) (dynamic masking); the
 host-local arrays are assembled into global `jax.Array`s sharded over the
 mesh's data axes; a thread pool prepares the next batches while the current
 one trains.
+
+The data directory is local or `gs://` (`albert_jax.storage`). Shards in
+Cloud Storage are read where they are, not copied: ArrayRecord's reader
+(array_record 0.8, under grain's `ArrayRecordDataSource`) opens `gs://`
+names itself, through the google-cloud-cpp client built into it, one ranged
+read per record. That client takes an emulator from
+`CLOUD_STORAGE_EMULATOR_ENDPOINT`, which `albert_jax.storage` maps
+`STORAGE_EMULATOR_HOST` onto. It reports a missing object as an empty file, so every listed shard is
+checked to exist and the record count against `dataset.json` first.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
 from albert_jax.data.prepare import FORMAT
@@ -87,14 +97,14 @@ class Vocabulary:
 
 
 def read_metadata(data_dir: str) -> dict[str, Any]:
-  """`dataset.json` of a prepared directory, checked for its format."""
-  path = os.path.join(data_dir, METADATA)
-  if not os.path.exists(path):
+  """`dataset.json` of a prepared directory (local or `gs://`), checked
+  for its format."""
+  path = storage.path(data_dir) / METADATA
+  if not path.is_file():
     raise FileNotFoundError(
         f"{data_dir} has no {METADATA} (missing, or its preparation did not "
         "finish); create it with `python -m albert_jax.data.prepare`.")
-  with open(path, encoding="utf-8") as f:
-    metadata = json.load(f)
+  metadata = json.loads(path.read_text(encoding="utf-8"))
   if metadata.get("format") != FORMAT:
     raise ValueError(f"{path} has format {metadata.get('format')!r}, not "
                      f"{FORMAT!r}; prepare the data again.")
@@ -110,8 +120,12 @@ def record_files(data_dir: str, metadata: dict[str, Any], split: str
     raise FileNotFoundError(
         f"{data_dir} has no {split!r} shards (splits with data: "
         f"{[s for s in splits if splits[s]['files']]}).")
-  files = [os.path.join(data_dir, f) for f in splits[split]["files"]]
-  missing = [f for f in files if not os.path.exists(f)]
+  directory = storage.path(data_dir)
+  files = [os.fspath(directory / f) for f in splits[split]["files"]]
+  # One listing rather than a request per shard.
+  present = {p.name for p in directory.iterdir()}
+  missing = [f for f, name in zip(files, splits[split]["files"])
+             if name not in present]
   if missing:
     raise FileNotFoundError(f"{len(missing)} shard(s) listed in {data_dir}/"
                             f"{METADATA} are missing, e.g. {missing[0]}.")
@@ -129,7 +143,7 @@ class Loader:
   the single-host batch.
 
   Args:
-    data_dir: output of `albert_jax.data.prepare`.
+    data_dir: output of `albert_jax.data.prepare`, local or `gs://`.
     split: "train" or "eval".
     global_batch_size: rows per step across all hosts.
     vocab: the tokenizer's `Vocabulary`.

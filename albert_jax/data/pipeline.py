@@ -3,7 +3,8 @@
 With `config.data.data_dir` empty, the first run prepares the corpus inside
 the workdir (with the tokenizer from `albert_jax.text.run_tokenizer`), and
 later runs (resumes) reuse it; a prepared dataset whose recipe no longer
-matches the config is rebuilt rather than silently reused.
+matches the config is rebuilt rather than silently reused. The workdir, the
+corpus and `config.data.data_dir` are local or `gs://` (`albert_jax.storage`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import logging
 import os
 
+from albert_jax import storage
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking as masking_lib
@@ -62,10 +64,9 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
           f"{config.data.max_seq_length}.")
     return config.data.data_dir
   import jax  # pylint: disable=g-import-not-at-top
-  out = os.path.join(workdir, "data")
+  out = os.fspath(storage.path(workdir) / "data")
   wanted = _prepare_config(config, tokenizer.path, out)
-  path = os.path.join(out, loader_lib.METADATA)
-  if os.path.exists(path) and _recipe_matches(
+  if (storage.path(out) / loader_lib.METADATA).exists() and _recipe_matches(
       loader_lib.read_metadata(out), wanted):
     return out
   if jax.process_count() > 1:

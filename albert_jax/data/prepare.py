@@ -19,7 +19,8 @@ number of workers. Masking is not materialised: the loader masks on the fly
 (statically or dynamically), so one prepared dataset serves both. A
 deterministic fraction of documents (`--eval_fraction`, by document index
 hash) goes to `eval-*` shards for held-out evaluation. The blocks, and the
-worker that writes each one's shard, are `albert_jax.data.shards`.
+worker that writes each one's shard, are `albert_jax.data.shards`. Inputs,
+the tokenizer and `--output_dir` are local or `gs://` (`albert_jax.storage`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import glob
 import json
 import logging
 import multiprocessing
-import os
 import sys
 from typing import Iterator, Mapping, Sequence, TextIO
 
+from albert_jax import storage
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import shards
@@ -146,7 +146,7 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
             "--docs_per_block), or prepare() was called from a script "
             "without an `if __name__ == '__main__':` guard, which spawned "
             "workers need. --num_workers=1 runs without workers.") from e
-      files[split].append(os.path.basename(path))
+      files[split].append(storage.path(path).name)
       totals[split].add(stats)
       bar.update(sum(t.documents for t in totals.values()),
                  sum(t.instances for t in totals.values()))
@@ -168,7 +168,7 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
     raise
   metadata = {
       "format": FORMAT,
-      "tokenizer": os.path.abspath(config.tokenizer),
+      "tokenizer": storage.as_str(config.tokenizer),
       "vocab_size": tok.vocab_size,
       "max_seq_length": config.max_seq_length,
       "objective": config.objective,
@@ -177,22 +177,21 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
       "splits": {s: {"files": files[s], **dataclasses.asdict(totals[s])}
                  for s in SPLITS},
   }
-  path = os.path.join(config.output_dir, "dataset.json")
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(metadata, f, indent=2)
-  os.replace(path + ".tmp", path)  # written last: marks the set complete
+  # Written last, whole: its presence marks the set complete.
+  storage.write_atomic(storage.path(config.output_dir) / "dataset.json",
+                       json.dumps(metadata, indent=2))
   return metadata
 
 
 def _clear_outputs(output_dir: str) -> None:
   """Removes a previous run's shards so none can mix with this run's."""
-  os.makedirs(output_dir, exist_ok=True)
-  old = [os.path.join(output_dir, "dataset.json")]
+  directory = storage.path(output_dir)
+  directory.mkdir(parents=True, exist_ok=True)  # a no-op on gs://
+  # dataset.json first: a set without it is incomplete to every reader.
+  (directory / "dataset.json").unlink(missing_ok=True)
   for split in SPLITS:
-    old += glob.glob(os.path.join(output_dir, f"{split}-*.arrayrecord*"))
-  for path in old:
-    if os.path.exists(path):
-      os.remove(path)
+    for path in directory.glob(f"{split}-*.arrayrecord*"):
+      path.unlink(missing_ok=True)
 
 
 def _check_nonempty(totals: dict[str, instances_lib.Stats],
@@ -306,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(summary(metadata))
-  print(f"wrote {os.path.join(config.output_dir, 'dataset.json')}")
+  print(f"wrote {storage.path(config.output_dir) / 'dataset.json'}")
   return 0
 
 

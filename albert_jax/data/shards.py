@@ -14,9 +14,11 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import os
+import tempfile
 import time
 from typing import Iterator, TextIO
 
+from albert_jax import storage
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 
@@ -45,8 +47,8 @@ def write_block(split: str, block: int, first_index: int,
                 recipe: instances_lib.InstanceConfig, seed: int
                 ) -> tuple[str, instances_lib.Stats]:
   """Tokenises a block of documents and writes its shard into `output_dir`
-  with the instance `recipe` and `seed`; returns (path, counts)."""
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  (local or `gs://`) with the instance `recipe` and `seed`; returns (path,
+  counts)."""
   tok = _TOKENIZER
   # Sentences that tokenise to nothing (e.g. only control characters) would
   # make empty segments; drop them.
@@ -54,16 +56,31 @@ def write_block(split: str, block: int, first_index: int,
   made, stats = instances_lib.create_instances(
       tokenised, recipe, seed, tok.cls_id, tok.sep_id,
       first_index=first_index)
-  path = os.path.join(output_dir, shard_name(split, block))
-  tmp = path + ".tmp"
+  path = storage.path(output_dir) / shard_name(split, block)
+  if not storage.is_remote(path):
+    tmp = f"{path}.tmp"
+    _write_records(tmp, made)
+    os.replace(tmp, path)  # a shard is either whole or absent
+    return os.fspath(path), stats
+  # ArrayRecord writes only local files: write one, then upload it in one
+  # request, which makes the object appear whole or not at all.
+  with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
+    local = os.path.join(tmp, path.name)
+    _write_records(local, made)
+    with open(local, "rb") as f:
+      storage.write_atomic(path, f.read())
+  return os.fspath(path), stats
+
+
+def _write_records(path: str, made: list[instances_lib.Instance]) -> None:
+  """Writes `made` as the local ArrayRecord file `path`."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   # group_size:1 makes every record randomly accessible on its own, which
   # the loader's global shuffle needs.
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
+  writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
   for inst in made:
     writer.write(instances_lib.to_bytes(inst))
   writer.close()
-  os.replace(tmp, path)  # a shard is either whole or absent
-  return path, stats
 
 
 def shard_name(split: str, block: int) -> str:

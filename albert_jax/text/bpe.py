@@ -12,13 +12,17 @@ loads, and `roberta_template` lays out RoBERTa's `<s> A </s></s> B </s>`.
 Training one is `albert_jax.text.train.train_bpe` (the specials at ids
 0..4; roberta-base has `<mask>` last, at 50264, and every id is looked up by
 name).
-The `tokenizers` library is imported on first use.
+The `tokenizers` library is imported on first use. Files are local or
+`gs://` (`albert_jax.storage`).
 """
 
 import json
 import os
+import tempfile
 from typing import Any, Optional, Sequence
 
+from albert_jax import storage
+from albert_jax.text import staging
 from albert_jax.text import wordpiece
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
@@ -95,22 +99,22 @@ def from_vocab_and_merges(path: str):
       True, as transformers has them).
   """
   import tokenizers  # pylint: disable=g-import-not-at-top
-  directory = os.path.dirname(os.path.abspath(path))
-  vocab, merges = (os.path.join(directory, n) for n in PAIR_FILES)
-  missing = [p for p in (vocab, merges) if not os.path.isfile(p)]
+  directory = storage.path(storage.as_str(path)).parent
+  vocab, merges = (os.fspath(directory / n) for n in PAIR_FILES)
+  missing = [p for p in (vocab, merges) if not storage.path(p).is_file()]
   if missing:
     raise FileNotFoundError(
         f"{missing[0]} does not exist: a byte-level BPE vocabulary needs "
         "vocab.json and merges.txt side by side (an HF RoBERTa or GPT-2 "
         "directory holds both), or one tokenizer.json.")
   config = {}
-  if os.path.isfile(os.path.join(directory, _CONFIG)):
-    with open(os.path.join(directory, _CONFIG), encoding="utf-8") as f:
-      config = json.load(f)
+  if (directory / _CONFIG).is_file():
+    config = json.loads((directory / _CONFIG).read_text(encoding="utf-8"))
   try:
-    model = tokenizers.models.BPE.from_file(
-        vocab, merges, continuing_subword_prefix="", end_of_word_suffix="",
-        fuse_unk=False)
+    with staging.local_files([vocab, merges]) as (local_vocab, local_merges):
+      model = tokenizers.models.BPE.from_file(
+          local_vocab, local_merges, continuing_subword_prefix="",
+          end_of_word_suffix="", fuse_unk=False)
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{vocab} and {merges} are not a BPE vocabulary and "
                      f"merge list ({e}).") from e
@@ -160,17 +164,19 @@ def roberta_template(ids_a: list, ids_b: Optional[list], cls_id: int,
           "attention_mask": [1] * len(ids)}
 
 
-def save(tok, directory: str) -> str:
+def save(tok, directory: str | os.PathLike) -> str:
   """Writes tokenizer.json, vocab.json, merges.txt and tokenizer_config.json.
 
   transformers' AutoTokenizer and RobertaTokenizerFast load the directory
   (from tokenizer.json; vocab.json + merges.txt serve loaders that read
-  those). Returns the tokenizer.json path.
+  those). `directory` is local or `gs://`; tokenizer.json goes last, so its
+  presence means the set is whole. Returns the tokenizer.json path.
   """
-  os.makedirs(directory, exist_ok=True)
-  out = os.path.join(directory, "tokenizer.json")
-  tok.save(out)
-  tok.model.save(directory)  # vocab.json, merges.txt
+  directory = storage.path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
+    tok.model.save(tmp)  # vocab.json, merges.txt; only to a local directory
+    staging.publish(tmp, directory)
   level = _find_type(_state(tok.pre_tokenizer), "ByteLevel") or {}
   post = _state(tok.post_processor)
   processor = _find_type(post, "RobertaProcessing")
@@ -191,6 +197,8 @@ def save(tok, directory: str) -> str:
                             "special": True}
   if processor is not None:
     config["tokenizer_class"] = "RobertaTokenizer"
-  with open(os.path.join(directory, _CONFIG), "w", encoding="utf-8") as f:
-    json.dump(config, f, indent=2)
-  return out
+  storage.write_atomic(directory / _CONFIG, json.dumps(config, indent=2))
+  out = directory / "tokenizer.json"
+  # What `tok.save(out)` writes, which takes only a local name.
+  storage.write_atomic(out, tok.to_str(pretty=True))
+  return os.fspath(out)

@@ -8,6 +8,8 @@ and the error messages are written once:
   2. else the workdir's own: WORKDIR/spm/spiece.model, or WORKDIR/bpe/
      for `config.data.tokenizer_type="bpe"`;
   3. else (trainer only) one is trained there, atomically.
+
+Every path is local or `gs://` (`albert_jax.storage`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 from typing import Any, Mapping
 
+from albert_jax import storage
 from albert_jax.data import documents as documents_lib
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
@@ -39,11 +42,11 @@ def load(path: str, what: str, fix: str) -> Tokenizer:
   SentencePiece reports a missing or unparsable file as a bare RuntimeError.
 
   Args:
-    path: the tokenizer file or directory.
+    path: the tokenizer file or directory, local or `gs://`.
     what: how the error names it ("config.data.tokenizer").
     fix: the fix, a sentence starting lower-case.
   """
-  if not os.path.exists(path):
+  if not storage.path(path).exists():
     raise FileNotFoundError(f"{what} {path!r} does not exist; {fix}")
   try:
     return Tokenizer.from_file(path)
@@ -70,7 +73,7 @@ def tokenizer_type(config: Mapping[str, Any]) -> str:
 def workdir_path(config: Mapping[str, Any], workdir: str) -> str:
   """Where the trainer keeps the tokenizer it trains in `workdir`."""
   directory, name = TOKENIZER_TYPES[tokenizer_type(config)]
-  return os.path.join(workdir, directory, name)
+  return os.fspath(storage.path(workdir) / directory / name)
 
 
 def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
@@ -83,7 +86,7 @@ def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
   own = workdir_path(config, workdir)
   # The trainer's order: a configured tokenizer wins over the workdir's.
   for candidate in (configured, own) if configured else (own,):
-    if candidate and os.path.exists(candidate):
+    if candidate and storage.path(candidate).exists():
       return load(candidate, "The run's tokenizer",
                   "set .tokenizer yourself with Tokenizer.from_file(...).")
   log.warning("No tokenizer found for %s (looked for %s); .tokenizer is None.",
@@ -103,7 +106,7 @@ def ensure(config, workdir: str) -> Tokenizer:
     tok = load(config.data.tokenizer, "config.data.tokenizer", CONFIGURED_FIX)
   else:
     path = workdir_path(config, workdir)
-    if os.path.exists(path):
+    if storage.path(path).exists():
       tok = load(path, "The workdir's tokenizer",
                  "delete it (and the workdir's data/) to train a new one, or "
                  "start in a new workdir.")
@@ -123,7 +126,9 @@ def _train(config, path: str) -> Tokenizer:
   The vocabulary is trained under a temporary name and renamed into place,
   so a run killed while training leaves no truncated `spiece.model` (or half
   a BPE directory) that every later run would fail to load; the rerun
-  trains again.
+  trains again. Cloud Storage has no rename: there every object is written
+  whole and the file that marks the tokenizer complete goes last
+  (`text_train`), which leaves the same choice of whole or absent.
   """
   corpus = config.data.corpus
   kind = tokenizer_type(config)
@@ -140,6 +145,9 @@ def _train(config, path: str) -> Tokenizer:
   what = "byte-level BPE" if kind == "bpe" else "SentencePiece model"
   log.info("Training a %d-piece %s on %d file(s) → %s",
            config.model.vocab_size, what, len(files), path)
+  if storage.is_remote(path):
+    output = os.fspath(storage.path(path).parent) if kind == "bpe" else path
+    return _train_to(config, files, kind, output)
   if kind == "bpe":
     final = os.path.dirname(path)
     partial = final + ".partial"
@@ -151,15 +159,7 @@ def _train(config, path: str) -> Tokenizer:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = path[:-len(".model")] + ".partial"
     output = partial + ".model"
-  try:
-    text_train.train(files, config.model.vocab_size, kind=kind, output=output,
-                     seed=config.seed, input_sentence_size=2_000_000)
-  except ValueError as e:  # nothing usable in the corpus
-    raise ValueError(
-        f"Cannot train a tokenizer on config.data.corpus={corpus!r}: {e} "
-        "Point config.data.corpus at UTF-8 text in the official format (a "
-        "sentence per line, a blank line between documents), or give a "
-        "trained one as config.data.tokenizer.") from e
+  _train_to(config, files, kind, output)
   if kind == "bpe":
     os.replace(partial, final)  # the directory appears whole
     return Tokenizer.from_file(path)
@@ -168,3 +168,19 @@ def _train(config, path: str) -> Tokenizer:
     os.replace(partial + ".vocab", path[:-len(".model")] + ".vocab")
   os.replace(partial + ".model", path)
   return Tokenizer.from_file(path)
+
+
+def _train_to(config, files: list[str], kind: str, output: str) -> Tokenizer:
+  """`text_train.train` into `output`, its corpus errors naming the
+  setting to change."""
+  corpus = config.data.corpus
+  try:
+    return text_train.train(files, config.model.vocab_size, kind=kind,
+                            output=output, seed=config.seed,
+                            input_sentence_size=2_000_000)
+  except ValueError as e:  # nothing usable in the corpus
+    raise ValueError(
+        f"Cannot train a tokenizer on config.data.corpus={corpus!r}: {e} "
+        "Point config.data.corpus at UTF-8 text in the official format (a "
+        "sentence per line, a blank line between documents), or give a "
+        "trained one as config.data.tokenizer.") from e

@@ -9,10 +9,9 @@ match transformers' `AlbertTokenizer` except where HF v5 dropped that split
 BPE (ids equal to `RobertaTokenizerFast`'s) in `albert_jax.text.bpe`.
 `encode_with_offsets` maps every piece back to its characters in the
 original text, for span tasks such as SQuAD. Training a vocabulary is
-`albert_jax.text.train`.
+`albert_jax.text.train`. Paths are local or `gs://` (`albert_jax.storage`).
 """
 
-import glob
 import json
 import os
 from typing import Optional, Union
@@ -20,6 +19,7 @@ from typing import Optional, Union
 import numpy as np
 import sentencepiece as spm
 
+from albert_jax import storage
 from albert_jax.text import bpe as bpe_lib
 from albert_jax.text import preprocess
 from albert_jax.text import wordpiece
@@ -96,20 +96,22 @@ class Tokenizer:
     BertTokenizerFast); tokenizer.json carries its own and ignores them, as
     does byte-level BPE. A tokenizer.json whose model is BPE behind a
     ByteLevel pre-tokenizer (RoBERTa, GPT-2) gets the BPE backend. For a
-    directory, unset flags come from its tokenizer_config.json.
+    directory, unset flags come from its tokenizer_config.json. `path` is
+    local or `gs://`.
     """
-    path = os.fspath(path)
-    if not os.path.exists(path):
+    resolved = storage.path(path)
+    path = os.fspath(resolved)
+    if not resolved.exists():
       raise FileNotFoundError(
           f"No tokenizer at {path}: give a SentencePiece .model, a vocab.txt, "
           "a tokenizer.json, a vocab.json (with merges.txt) or a directory "
           "holding one.")
-    if os.path.isdir(path):
+    if resolved.is_dir():
       tok = cls.find_in(path, do_lower_case, keep_accents)
       if tok is None:
         raise FileNotFoundError(f"No tokenizer files in {path}.")
       return tok
-    if os.path.basename(path) in bpe_lib.PAIR_FILES:
+    if resolved.name in bpe_lib.PAIR_FILES:
       return cls(bpe=bpe_lib.from_vocab_and_merges(path), path=path)
     norm = dict(do_lower_case=do_lower_case is not False,
                 keep_accents=bool(keep_accents))
@@ -118,8 +120,9 @@ class Tokenizer:
       if bpe_lib.is_byte_level(hf):
         return cls(bpe=hf, path=path)
       return cls(wp=hf, path=path, **norm)
-    return cls(sp=spm.SentencePieceProcessor(model_file=path), path=path,
-               **norm)
+    # From bytes: SentencePiece opens only local files by name.
+    return cls(sp=spm.SentencePieceProcessor(
+        model_proto=resolved.read_bytes()), path=path, **norm)
 
   @classmethod
   def find_in(cls, directory: Union[str, os.PathLike],
@@ -131,23 +134,22 @@ class Tokenizer:
     merges.txt, then any *.model. Unset flags come from
     tokenizer_config.json when present (HF layout).
     """
-    directory = os.fspath(directory)
-    cands = [os.path.join(directory, n) for n in _SPM_NAMES + _HF_NAMES]
-    cands += sorted(glob.glob(os.path.join(glob.escape(directory), "*.model")))
-    merges = os.path.join(directory, bpe_lib.PAIR_FILES[1])
-    found = next((c for c in cands if os.path.isfile(c) and (
-        not c.endswith("vocab.json") or os.path.isfile(merges))), None)
+    directory = storage.path(directory)
+    cands = [directory / n for n in _SPM_NAMES + _HF_NAMES]
+    cands += sorted(directory.glob("*.model"), key=os.fspath)
+    merges = directory / bpe_lib.PAIR_FILES[1]
+    found = next((c for c in cands if c.is_file() and (
+        c.name != "vocab.json" or merges.is_file())), None)
     if found is None:
       return None
     config = {}
-    if os.path.isfile(os.path.join(directory, _CONFIG)):
-      with open(os.path.join(directory, _CONFIG), encoding="utf-8") as f:
-        config = json.load(f)
+    if (directory / _CONFIG).is_file():
+      config = json.loads((directory / _CONFIG).read_text(encoding="utf-8"))
     if do_lower_case is None:
       do_lower_case = bool(config.get("do_lower_case", True))
     if keep_accents is None:
       keep_accents = bool(config.get("keep_accents", False))
-    return cls.from_file(found, do_lower_case, keep_accents)
+    return cls.from_file(os.fspath(found), do_lower_case, keep_accents)
 
   def save(self, directory: Union[str, os.PathLike]) -> str:
     """Writes the vocabulary's files into `directory`; returns the main one.
@@ -155,20 +157,20 @@ class Tokenizer:
     SentencePiece: spiece.model; WordPiece: tokenizer.json + vocab.txt; BPE:
     tokenizer.json + vocab.json + merges.txt. Each with a
     tokenizer_config.json, so transformers' AutoTokenizer loads a BPE (as
-    RobertaTokenizer) and `find_in` any of them.
+    RobertaTokenizer) and `find_in` any of them. `directory` is local or
+    `gs://`; each file is written whole.
     """
-    directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    directory = storage.path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     if self._bpe is not None:
       return bpe_lib.save(self._bpe, directory)
-    with open(os.path.join(directory, _CONFIG), "w", encoding="utf-8") as f:
-      json.dump({"do_lower_case": self.do_lower_case,
-                 "keep_accents": self.keep_accents}, f)
+    storage.write_atomic(directory / _CONFIG, json.dumps(
+        {"do_lower_case": self.do_lower_case,
+         "keep_accents": self.keep_accents}))
     if self._sp is not None:
-      out = os.path.join(directory, "spiece.model")
-      with open(out, "wb") as f:
-        f.write(self._sp.serialized_model_proto())
-      return out
+      out = directory / "spiece.model"
+      storage.write_atomic(out, self._sp.serialized_model_proto())
+      return os.fspath(out)
     return wordpiece.save(self._hf, directory,
                           [self.id_to_piece(i) for i in range(self.vocab_size)])
 

@@ -7,6 +7,8 @@ A SentencePiece vocabulary is built the way ALBERT's README did (unigram,
 sentence a line, a blank line between documents, `.gz` and globs allowed;
 bad lines counted and skipped), and SentencePiece sentences get the same
 preprocessing as `Tokenizer.encode`, so training and encoding agree.
+Corpora and outputs are local or `gs://` (`albert_jax.storage`); a model
+for Cloud Storage is trained in a local temporary directory and copied.
 
   python -m albert_jax.text.train --input 'corpus/*.txt.gz' \
       --vocab_size 30000 --output spiece.model
@@ -20,11 +22,14 @@ import argparse
 import os
 import random
 import sys
+import tempfile
 import time
 from typing import Callable, Iterable, Iterator, Sequence, Union
 
+from albert_jax import storage
 from albert_jax.data import documents as documents_lib
 from albert_jax.text import bpe as bpe_lib
+from albert_jax.text import staging
 from albert_jax.text.preprocess import ALBERT_USER_SYMBOLS
 from albert_jax.text.preprocess import CONTROL_SYMBOLS
 from albert_jax.text.preprocess import preprocess_text
@@ -109,7 +114,8 @@ def train_sentencepiece(
   Args:
     files: path, glob or list of them; official corpus format, `.gz` ok.
     vocab_size: number of pieces, specials included.
-    output: path of the `.model` to write (a `.vocab` lands beside it).
+    output: path of the `.model` to write (a `.vocab` lands beside it),
+      local or `gs://` (there the `.model` is written after the `.vocab`).
     user_symbols: pieces never split (ALBERT used ALBERT_USER_SYMBOLS).
     byte_fallback: encode unknown characters as <0xNN> byte pieces.
     input_sentence_size: at most this many sentences are reservoir-sampled
@@ -138,13 +144,9 @@ def train_sentencepiece(
   sample = reservoir_sample(_sentences(paths, stats, normalize, counts),
                             input_sentence_size, seed)
   _check_corpus(counts, stats, paths)
-  output = os.fspath(output)
+  output = os.fspath(storage.path(output))
   prefix = output[:-len(".model")] if output.endswith(".model") else output
-  if os.path.dirname(prefix):
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-  spm.set_random_generator_seed(seed)
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sample), model_prefix=prefix,
+  options = dict(
       vocab_size=vocab_size, model_type="unigram", pad_id=0, unk_id=1,
       bos_id=-1, eos_id=-1, pad_piece="<pad>", unk_piece="<unk>",
       control_symbols=list(CONTROL_SYMBOLS),
@@ -152,10 +154,23 @@ def train_sentencepiece(
       character_coverage=0.99995, input_sentence_size=0,
       shuffle_input_sentence=False, num_threads=num_threads,
       minloglevel=0 if verbose else 2)
+  spm.set_random_generator_seed(seed)
+  if not storage.is_remote(prefix):
+    storage.path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
+                                   model_prefix=prefix, **options)
+  else:  # SentencePiece writes only local files
+    name = storage.path(prefix).name
+    with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
+      spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
+                                     model_prefix=os.path.join(tmp, name),
+                                     **options)
+      staging.publish(tmp, storage.path(prefix).parent, last=name + ".model")
   return prefix + ".model", _stats(counts, stats, len(sample), start)
 
 
-def train_bpe(files: Files, vocab_size: int = 50265, *, output: str = "bpe",
+def train_bpe(files: Files, vocab_size: int = 50265, *,
+              output: Union[str, os.PathLike] = "bpe",
               min_frequency: int = 2, input_sentence_size: int = 0,
               seed: int = 12345, verbose: bool = False) -> tuple[str, dict]:
   """Trains a RoBERTa-style byte-level BPE and saves it (`bpe.save`).
@@ -169,7 +184,7 @@ def train_bpe(files: Files, vocab_size: int = 50265, *, output: str = "bpe",
   Args:
     files: path, glob or list of them.
     vocab_size: pieces, the 5 specials and 256 byte symbols included.
-    output: directory to write the files into.
+    output: directory to write the files into, local or `gs://`.
     min_frequency: the fewest occurrences a pair needs to be merged.
     input_sentence_size: reservoir-sample at most this many sentences
       (memory O(sample)); <= 0 streams the whole corpus.
@@ -212,7 +227,7 @@ def train_bpe(files: Files, vocab_size: int = 50265, *, output: str = "bpe",
         f"vocab_size={vocab_size}: no further pair of pieces occurs "
         f"{min_frequency} times or more. Give more text, or choose "
         f"vocab_size <= {size}.")
-  path = bpe_lib.save(bpe_lib.roberta_pipeline(tok.model), os.fspath(output))
+  path = bpe_lib.save(bpe_lib.roberta_pipeline(tok.model), output)
   sampled = (min(counts["sentences"], input_sentence_size)
              if input_sentence_size > 0 else counts["sentences"])
   return path, _stats(counts, stats, sampled, start)

@@ -6,11 +6,15 @@
 byte-level BPE, RoBERTa's or GPT-2's, gets `albert_jax.text.bpe`'s handling).
 The `tokenizers` library is imported on first use. The `[CLS] a [SEP] b
 [SEP]` template with that library's longest-first truncation, which every
-vocabulary's `encode_pair` uses, is ported here too.
+vocabulary's `encode_pair` uses, is ported here too. Files are local or
+`gs://` (`albert_jax.storage`).
 """
 
 import os
 from typing import Callable, Optional, Sequence
+
+from albert_jax import storage
+from albert_jax.text import staging
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -34,7 +38,7 @@ def bert_wordpiece(vocab_file: str, do_lower_case: bool, keep_accents: bool):
 def _check_vocab_lines(path: str) -> None:
   """A piece on two lines leaves an id with no piece: refuse it by name."""
   seen: dict[str, int] = {}
-  with open(path, encoding="utf-8") as f:
+  with storage.path(path).open("r", encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
       piece = line.rstrip("\n")
       if piece in seen:
@@ -54,9 +58,11 @@ def load(path: str, do_lower_case: bool, keep_accents: bool):
   """
   if path.endswith(".txt"):
     _check_vocab_lines(path)
-    return bert_wordpiece(path, do_lower_case, keep_accents)
+    with staging.local_files([path]) as (local,):
+      return bert_wordpiece(local, do_lower_case, keep_accents)
   import tokenizers  # pylint: disable=g-import-not-at-top
-  tok = tokenizers.Tokenizer.from_file(path)
+  tok = tokenizers.Tokenizer.from_str(
+      storage.path(path).read_text(encoding="utf-8"))
   tok.no_padding()
   tok.no_truncation()
   return tok
@@ -134,10 +140,13 @@ def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
   return (n2, n1) if len_a > len_b else (n1, n2)
 
 
-def save(wp, directory: str, pieces: Sequence[str]) -> str:
-  """Writes tokenizer.json and a vocab.txt beside it; returns the json path."""
-  out = os.path.join(directory, "tokenizer.json")
-  wp.save(out)
-  with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
-    f.writelines(p + "\n" for p in pieces)
-  return out
+def save(wp, directory: str | os.PathLike, pieces: Sequence[str]) -> str:
+  """Writes tokenizer.json and a vocab.txt beside it into `directory` (local
+  or `gs://`, which exists); returns the json path."""
+  directory = storage.path(directory)
+  storage.write_atomic(directory / "vocab.txt", "".join(p + "\n"
+                                                        for p in pieces))
+  out = directory / "tokenizer.json"
+  # What `wp.save(out)` writes, which takes only a local name.
+  storage.write_atomic(out, wp.to_str(pretty=True))
+  return os.fspath(out)

@@ -1,0 +1,163 @@
+"""Corpora, prepared data and the loader on gs:// (the Cloud Storage
+emulator) give exactly what the same local files give."""
+
+import gzip
+import itertools
+import os
+
+from locations import CORPUS
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax import storage
+from albert_jax.data import documents
+from albert_jax.data import loader as loader_lib
+from albert_jax.data import masking
+from albert_jax.data import pipeline
+from albert_jax.data import prepare
+
+SEQ = 32
+
+
+def _corpus_files(lines: list[str]) -> dict[str, bytes]:
+  """Two corpus files, one gzipped, with documents of six sentences."""
+  docs = ["\n".join(lines[i:i + 6]) + "\n\n" for i in range(0, len(lines), 6)]
+  half = len(docs) // 2
+  return {"part-0.txt.gz": gzip.compress("".join(docs[:half]).encode(),
+                                         mtime=0),
+          "part-1.txt": "".join(docs[half:]).encode()}
+
+
+@pytest.fixture(scope="module")
+def corpus_files() -> dict[str, bytes]:
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    lines = [line.strip() for line in itertools.islice(f, 300) if line.strip()]
+  return _corpus_files(lines)
+
+
+def _put(root: str, files: dict[str, bytes]) -> None:
+  storage.path(root).mkdir(parents=True, exist_ok=True)
+  for name, data in files.items():
+    storage.write_atomic(storage.path(root) / name, data)
+
+
+def _prepare_cli(corpus_glob: str, tokenizer: str, output_dir: str,
+                 num_workers: int = 1) -> None:
+  assert prepare.main([
+      f"--input={corpus_glob}", f"--tokenizer={tokenizer}",
+      f"--output_dir={output_dir}", f"--max_seq_length={SEQ}",
+      "--docs_per_block=8", "--eval_fraction=0.2", "--seed=3",
+      f"--num_workers={num_workers}"]) == 0
+
+
+def _loader(data_dir: str, tokenizer, split: str) -> loader_lib.Loader:
+  return loader_lib.Loader(
+      data_dir, split, global_batch_size=8,
+      vocab=loader_lib.Vocabulary.from_tokenizer(tokenizer), seed=4,
+      masking_config=masking.MaskingConfig(max_predictions=5),
+      process_index=0, process_count=1, prefetch=2)
+
+
+def test_prepare_and_load_on_gcs_equal_local(
+    gcs_bucket, corpus_files, tiny_spm, tiny_tokenizer, tmp_path, monkeypatch,
+    capsys):
+  monkeypatch.chdir(tmp_path)  # where a gs:// path taken as local would land
+  local, remote = str(tmp_path / "local"), f"{gcs_bucket}/run"
+  for root in (local, remote):
+    _put(f"{root}/corpus", corpus_files)
+  with open(tiny_spm, "rb") as f:
+    storage.write_atomic(f"{remote}/spiece.model", f.read())
+  _prepare_cli(f"{local}/corpus/part-*", tiny_spm, f"{local}/data")
+  # Two spawned workers, which write their shards to gs:// themselves.
+  _prepare_cli(f"{remote}/corpus/part-*", f"{remote}/spiece.model",
+               f"{remote}/data", num_workers=2)
+  assert capsys.readouterr().out.endswith(f"wrote {remote}/data/dataset.json\n")
+
+  want = loader_lib.read_metadata(f"{local}/data")
+  got = loader_lib.read_metadata(f"{remote}/data")
+  assert got["tokenizer"] == f"{remote}/spiece.model"
+  assert got["splits"] == want["splits"]
+  assert len(want["splits"]["train"]["files"]) > 2
+  assert want["splits"]["eval"]["files"]
+  names = sorted(p.name for p in storage.path(f"{remote}/data").iterdir())
+  assert names == sorted(os.listdir(f"{local}/data"))
+  for name in names:  # dataset.json differs: it names its paths
+    if name != "dataset.json":
+      assert (storage.path(f"{remote}/data/{name}").read_bytes()
+              == storage.path(f"{local}/data/{name}").read_bytes()), name
+
+  for split in ("train", "eval"):
+    a = _loader(f"{local}/data", tiny_tokenizer, split)
+    b = _loader(f"{remote}/data", tiny_tokenizer, split)
+    assert b.files[0].startswith(f"{remote}/data/")
+    assert a.num_records == b.num_records
+    # Two epochs' worth of steps, through the prefetching threads.
+    steps = -(-2 * a.num_records // 8)
+    for (s, x), (t, y) in zip(a.iterate(0, steps), b.iterate(0, steps)):
+      assert s == t
+      for key in loader_lib.BATCH_KEYS:
+        np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+  assert sorted(os.listdir(tmp_path)) == ["local"]
+
+
+def test_missing_data_on_gcs_names_the_gs_path(
+    gcs_bucket, corpus_files, tiny_spm, tiny_tokenizer):
+  root = f"{gcs_bucket}/run"
+  with pytest.raises(FileNotFoundError) as e:
+    loader_lib.read_metadata(f"{root}/data")
+  assert str(e.value) == (
+      f"{root}/data has no dataset.json (missing, or its preparation did not "
+      "finish); create it with `python -m albert_jax.data.prepare`.")
+  with pytest.raises(FileNotFoundError) as e:
+    documents.expand_paths(f"{root}/corpus/*.txt")
+  assert str(e.value) == f"No files match '{root}/corpus/*.txt'."
+
+  _put(f"{root}/corpus", corpus_files)
+  _prepare_cli(f"{root}/corpus/*", tiny_spm, f"{root}/data")
+  storage.path(f"{root}/data/train-00001.arrayrecord").unlink()
+  with pytest.raises(FileNotFoundError) as e:
+    _loader(f"{root}/data", tiny_tokenizer, "train")
+  assert str(e.value) == (
+      f"1 shard(s) listed in {root}/data/dataset.json are missing, e.g. "
+      f"{root}/data/train-00001.arrayrecord.")
+
+
+def _run_config(corpus: str) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      seed=0, model=dict(vocab_size=300),
+      data=dict(corpus=corpus, format="sentences", tokenizer="",
+                data_dir="", max_seq_length=SEQ, objective="sop",
+                nsp_negatives_in_sop=False, short_seq_prob=0.1,
+                dupe_factor=1, eval_fraction=0.1, num_workers=1)))
+
+
+def test_pipeline_prepares_into_a_gcs_workdir_once(
+    gcs_bucket, corpus_files, tiny_tokenizer, tmp_path, monkeypatch):
+  _put(f"{gcs_bucket}/corpus", corpus_files)
+  config = _run_config(f"{gcs_bucket}/corpus/*")
+  workdir = f"{gcs_bucket}/run1"
+  out = pipeline.ensure_dataset(config, workdir, tiny_tokenizer)
+  assert out == f"{workdir}/data"
+  # The same recipe prepared locally gives the same shards.
+  _put(str(tmp_path / "corpus"), corpus_files)
+  local = pipeline.ensure_dataset(_run_config(str(tmp_path / "corpus" / "*")),
+                                  str(tmp_path / "run1"), tiny_tokenizer)
+  meta = loader_lib.read_metadata(out)
+  assert meta["splits"] == loader_lib.read_metadata(local)["splits"]
+  for name in meta["splits"]["train"]["files"]:
+    assert (storage.path(f"{out}/{name}").read_bytes()
+            == storage.path(f"{local}/{name}").read_bytes())
+
+  # A rerun (a resume) reuses the prepared data.
+  def no_preparing(*args, **kwargs):
+    raise AssertionError("prepared again")
+  monkeypatch.setattr(prepare, "prepare", no_preparing)
+  assert pipeline.ensure_dataset(config, workdir, tiny_tokenizer) == out
+  config.data.data_dir = out
+  assert pipeline.ensure_dataset(config, f"{gcs_bucket}/run2",
+                                 tiny_tokenizer) == out
+  assert loader_lib.Loader(
+      out, "train", global_batch_size=4, vocab=loader_lib.Vocabulary
+      .from_tokenizer(tiny_tokenizer), process_index=0, process_count=1,
+      prefetch=0).num_records == meta["splits"]["train"]["instances"]
