@@ -31,6 +31,10 @@ def _early_fake_devices(argv: list[str]) -> None:
       value = arg.split("=", 1)[1]
     elif arg == "--num_fake_devices" and i + 1 < len(argv):
       value = argv[i + 1]
+    if value is not None and not value.isdigit():
+      print(f"error: --num_fake_devices={value!r} must be a whole number "
+            ">= 0, e.g. --num_fake_devices=8", file=sys.stderr)
+      sys.exit(2)
     if value and int(value) > 0:
       flags = os.environ.get("XLA_FLAGS", "")
       os.environ["XLA_FLAGS"] = (
@@ -98,9 +102,28 @@ def config_key_error(config, key: str) -> str:
   return f"Bad config key {key!r}."
 
 
-def _check_overrides(argv: list[str]) -> None:
+def _config_file(argv: list[str]):
+  """The config `--config=FILE.py[:arg]` in `argv` names, loaded as
+  config_flags loads it; None if there is none or it does not load (absl
+  then reports that itself)."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")),
+              None)
+  if not spec:
+    return None
+  path, _, arg = spec.partition(".py:")
+  path = path if path.endswith(".py") else path + ".py"
+  try:
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    module_spec = importlib.util.spec_from_file_location("config_file", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _check_overrides(config, argv: list[str]) -> None:
   """Fails fast, with suggestions, on `--config.x.y` keys that do not exist."""
-  config = _CONFIG.value
   for arg in argv:
     if not arg.startswith("--config."):
       continue
@@ -172,10 +195,8 @@ def _main(argv):
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
   workdir = storage.as_str(_WORKDIR.value)  # gs://… or an absolute path
   job = config.get("job", "pretrain")
-  from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
-  optimizer.check(config)
-  if config.get("finetune") is not None:  # the demo's second stage
-    optimizer.check(config.finetune)
+  from albert_jax import config_check  # pylint: disable=g-import-not-at-top
+  config_check.check(config)  # with the demo's fine-tuning stage, if any
   if job == "pretrain":
     from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
     result = pretrain.run(config, workdir)
@@ -206,13 +227,10 @@ def run():
       # a bad value as a flags error: one clear line, no tracebacks.
       message = str(e).strip('"')
       bad = [a for a in argv if a.startswith("--config.")]
-      try:
-        config = _CONFIG.value
-      except flags.UnparsedFlagAccessError:
-        config = None
-      if config is not None and bad:
+      config = _config_file(argv) if bad else None
+      if config is not None:
         try:
-          _check_overrides(bad)
+          _check_overrides(config, bad)
         except app.UsageError as usage:
           message = str(usage)
       print(f"error: {message}", file=sys.stderr)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax import config_check
 from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax import tree as tree_lib
@@ -82,7 +83,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   The recipe is checked before anything is written (`recipe.check`), and the
   workdir is leased to this run while it trains (`lease.acquire`).
   """
-  optim.check(config)
+  config_check.check(config)
   workdir = storage.as_str(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)

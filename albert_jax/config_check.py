@@ -1,0 +1,194 @@
+"""Every config value checked at start, before anything is written.
+
+A value that cannot run (a cadence of 0, a batch of 0, a misspelt
+objective, a probability above 1, float16 without loss scaling) used to
+surface as a ZeroDivisionError after the first step, a raw library error,
+or nothing at all (a misspelt `data.objective` with a prepared data_dir
+silently dropped the sentence head). `check` reads the config as the user
+gave it, one rule per field, and raises one `ConfigError` line naming each
+bad key, its value, what is allowed and an example of the fix.
+
+Only the fields a config has are checked: pre-training and fine-tuning
+configs share this module, and a fine-tuning config's model section holds
+overrides (None: keep the checkpoint's value).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Callable, Mapping
+
+# What each choice field accepts.
+PRETRAINING = ("masked_lm", "causal_lm", "electra")
+OBJECTIVES = ("sop", "nsp", "none")  # albert_jax.data.instances.OBJECTIVES
+TOKENIZER_TYPES = ("sentencepiece", "bpe")
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+  """Config values that cannot run; the message lists each and its fix."""
+
+
+def _number(v: Any) -> bool:
+  return (isinstance(v, (int, float)) and not isinstance(v, bool)
+          and math.isfinite(v))
+
+
+def _whole(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+# key: (test, what is allowed, an example value)
+_Rule = tuple[Callable[[Any], bool], str, Any]
+_RULES: dict[str, _Rule] = {
+    "seed": (_whole, "a whole number", 0),
+    "batch_size": (lambda v: _whole(v) and v >= 1, "a whole number >= 1", 32),
+    "accumulation_steps": (lambda v: _whole(v) and v >= 1,
+                           "a whole number >= 1 (1: no accumulation)", 1),
+    "log_every_steps": (lambda v: _whole(v) and v >= 1,
+                        "a whole number >= 1", 50),
+    "eval_every_steps": (lambda v: _whole(v) and v >= 1,
+                         "a whole number >= 1", 1000),
+    "checkpoint_every_steps": (lambda v: _whole(v) and v >= 1,
+                               "a whole number >= 1", 1000),
+    "keep_checkpoints": (lambda v: _whole(v) and v >= 1,
+                         "a whole number >= 1", 3),
+    "eval_batches": (lambda v: _whole(v) and v >= 0,
+                     "a whole number >= 0 (0: no evaluation)", 10),
+    "max_consecutive_nonfinite": (lambda v: _whole(v) and v >= 1,
+                                  "a whole number >= 1", 20),
+    "peak_tflops_per_device": (lambda v: _number(v) and v >= 0,
+                               "a number >= 0 (0: look it up)", 0.0),
+    "pretraining": (lambda v: v in PRETRAINING, f"one of {PRETRAINING}",
+                    "masked_lm"),
+    "data.max_seq_length": (lambda v: _whole(v) and v >= 4,
+                            "a whole number >= 4", 128),
+    "data.objective": (lambda v: v in OBJECTIVES, f"one of {OBJECTIVES}",
+                       "sop"),
+    "data.tokenizer_type": (lambda v: v in TOKENIZER_TYPES,
+                            f"one of {TOKENIZER_TYPES}", "sentencepiece"),
+    "data.short_seq_prob": (lambda v: _number(v) and 0 <= v <= 1,
+                            "a number in [0, 1]", 0.1),
+    "data.dupe_factor": (lambda v: _whole(v) and v >= 1,
+                         "a whole number >= 1", 1),
+    "data.eval_fraction": (lambda v: _number(v) and 0 <= v < 1,
+                           "a number in [0, 1)", 0.01),
+    "data.num_workers": (lambda v: _whole(v) and v >= 1,
+                         "a whole number >= 1", 1),
+    "data.prefetch": (lambda v: _whole(v) and v >= 0,
+                      "a whole number >= 0", 2),
+    "masking.max_predictions": (lambda v: _whole(v) and v >= 1,
+                                "a whole number >= 1", 20),
+    "masking.masked_lm_prob": (lambda v: _number(v) and 0 < v <= 1,
+                               "a number in (0, 1]", 0.15),
+    "masking.max_ngram": (lambda v: _whole(v) and v >= 1,
+                          "a whole number >= 1", 3),
+    "masking.mask_token_prob": (lambda v: _number(v) and 0 <= v <= 1,
+                                "a number in [0, 1]", 0.8),
+    "masking.random_token_prob": (lambda v: _number(v) and 0 <= v <= 1,
+                                  "a number in [0, 1]", 0.1),
+    "model.dtype": (lambda v: v in DTYPES, f"one of {DTYPES} (float16 "
+                    "needs loss scaling, which albert_jax does not do; "
+                    "bfloat16 has float32's range)", "bfloat16"),
+}
+
+
+def _get(config: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+  node = config
+  for part in key.split("."):
+    if not hasattr(node, "keys") or part not in node.keys():
+      return False, None
+    node = node[part]
+  return True, node
+
+
+def _describe(key: str, value: Any, allowed: str, example: Any) -> str:
+  hint = ""
+  if isinstance(value, str) and _choices(key):
+    close = difflib.get_close_matches(value.lower(), _choices(key), n=1,
+                                      cutoff=0.5)
+    if close:
+      example = close[0]
+      hint = f" (did you mean {close[0]!r}?)"
+  return (f"config.{key}={value!r} must be {allowed}{hint}, e.g. "
+          f"--config.{key}={example}")
+
+
+def _choices(key: str) -> list[str]:
+  return {"pretraining": list(PRETRAINING), "data.objective": list(OBJECTIVES),
+          "data.tokenizer_type": list(TOKENIZER_TYPES),
+          "model.dtype": list(DTYPES)}.get(key, [])
+
+
+def problems(config: Mapping[str, Any]) -> list[str]:
+  """One line per config value that cannot run ([] if none)."""
+  out = []
+  for key, (ok, allowed, example) in _RULES.items():
+    present, value = _get(config, key)
+    if present and value is not None and not ok(value):
+      out.append(_describe(key, value, allowed, example))
+  if out:  # the rules below assume each field is valid
+    return out
+  present, model = _get(config, "model")
+  if present and hasattr(model, "items") and all(
+      v is not None for _, v in model.items()):
+    # A full model section (pre-training): ModelConfig's own checks. A
+    # fine-tuning config's overrides are checked when merged with the
+    # checkpoint's config.
+    from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    try:
+      ModelConfig.from_dict(model)
+    except ValueError as e:
+      return [str(e).removeprefix("Invalid model config: ").rstrip(".")]
+  values = {k: _get(config, k)[1] for k in (
+      "batch_size", "accumulation_steps", "data.max_seq_length",
+      "masking.max_predictions", "masking.mask_token_prob",
+      "masking.random_token_prob", "model.max_position_embeddings",
+      "model.position_ids_from_padding", "model.pad_token_id",
+      "eval_batch_size")}
+  batch, micro = values["batch_size"], values["accumulation_steps"]
+  if batch is not None and micro is not None and batch % micro:
+    out.append(f"config.batch_size={batch} must be divisible by "
+               f"config.accumulation_steps={micro} (each step splits the "
+               "batch into that many micro-batches), e.g. "
+               f"--config.accumulation_steps=1")
+  seq, preds = values["data.max_seq_length"], values["masking.max_predictions"]
+  if seq is not None and preds is not None and preds > seq:
+    out.append(f"config.masking.max_predictions={preds} exceeds "
+               f"config.data.max_seq_length={seq}; e.g. "
+               f"--config.masking.max_predictions={max(1, round(0.15 * seq))}")
+  mask, rand = (values["masking.mask_token_prob"],
+                values["masking.random_token_prob"])
+  if mask is not None and rand is not None and mask + rand > 1:
+    out.append(f"config.masking.mask_token_prob={mask} + "
+               f"config.masking.random_token_prob={rand} exceed 1 (the rest "
+               "of the chosen tokens stay unchanged); e.g. 0.8 and 0.1")
+  positions = values["model.max_position_embeddings"]
+  if seq is not None and positions is not None:
+    offset = ((values["model.pad_token_id"] or 0) + 1
+              if values["model.position_ids_from_padding"] else 0)
+    if seq + offset > positions:
+      out.append(f"config.data.max_seq_length={seq} needs {seq + offset} "
+                 f"positions but config.model.max_position_embeddings="
+                 f"{positions}; raise it, or lower "
+                 f"--config.data.max_seq_length={positions - offset}")
+  return out
+
+
+def check(config: Mapping[str, Any]) -> None:
+  """Raises ConfigError listing every value of `config` that cannot run,
+  including the optimizer's (`optimizer.check`) and, for a fine-tuning
+  config, its own fine-tuning stage (`config.finetune`)."""
+  from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
+  found, cause = problems(config), None
+  try:
+    optimizer.check(config)
+  except ValueError as e:
+    found.append(str(e).rstrip("."))
+    cause = e  # --traceback shows where it came from
+  if found:
+    raise ConfigError("; ".join(found) + ".") from cause
+  stage = config.get("finetune") if hasattr(config, "get") else None
+  if stage is not None:
+    check(stage)
