@@ -189,3 +189,20 @@ def test_any_override_either_passes_every_start_check_or_is_one_line(changes):
     assert 1 % c[key] in (0, 1)  # no ZeroDivisionError
   assert c.batch_size % c.accumulation_steps == 0
   assert math.isfinite(c.optimizer.learning_rate)
+
+
+def test_an_objective_other_than_the_prepared_datas_is_refused(
+    tiny_sop_dataset):
+  from albert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  _, data_dir = tiny_sop_dataset
+  c = load("tiny")
+  c.data.data_dir, c.data.max_seq_length, c.data.objective = data_dir, 32, "nsp"
+  with pytest.raises(ValueError) as e:
+    pipeline.ensure_dataset(c, "/unused", None)
+  assert str(e.value) == (
+      f"{data_dir} was prepared for data.objective='sop' but "
+      "config.data.objective is 'nsp': its sentence labels mean something "
+      "else. Set --config.data.objective=sop, or prepare the data again with "
+      "--objective nsp.")
+  c.data.objective = "sop"
+  assert pipeline.ensure_dataset(c, "/unused", None) == data_dir

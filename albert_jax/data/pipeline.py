@@ -62,6 +62,15 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
           f"{config.data.data_dir} holds instances of length "
           f"{meta['max_seq_length']} but config.data.max_seq_length is "
           f"{config.data.max_seq_length}.")
+    # Data prepared before the field was recorded was prepared for SOP.
+    prepared = meta.get("config", {}).get("objective", "sop")
+    if prepared != config.data.objective:
+      raise ValueError(
+          f"{config.data.data_dir} was prepared for data.objective="
+          f"{prepared!r} but config.data.objective is "
+          f"{config.data.objective!r}: its sentence labels mean something "
+          f"else. Set --config.data.objective={prepared}, or prepare the "
+          f"data again with --objective {config.data.objective}.")
     return config.data.data_dir
   import jax  # pylint: disable=g-import-not-at-top
   out = os.fspath(storage.path(workdir) / "data")
