@@ -132,6 +132,10 @@ def record_files(data_dir: str, metadata: dict[str, Any], split: str
   return files
 
 
+class DamagedShardError(ValueError):
+  """A prepared shard that cannot be read back (truncated or corrupted)."""
+
+
 class Loader:
   """Masked pre-training batches for one host.
 
@@ -244,7 +248,10 @@ class Loader:
     types = np.zeros((b, t), np.int32)
     attention = np.zeros((b, t), np.int32)
     labels = np.zeros(b, np.int32)
-    raw = self._source.__getitems__(records.tolist())
+    try:
+      raw = self._source.__getitems__(records.tolist())
+    except Exception as e:  # pylint: disable=broad-except
+      raise DamagedShardError(self._damaged(records.tolist(), e)) from e
     for row, (index, record) in enumerate(zip(records, raw)):
       instance = instances_lib.from_bytes(record)
       n = len(instance.tokens)
@@ -279,6 +286,26 @@ class Loader:
         "masked_weights": masked["masked_weights"],
         "sentence_labels": labels,
     }
+
+  def _damaged(self, records: list[int], error: Exception) -> str:
+    """The message for a failed read of `records`: which shard, which
+    record, and the fix (the reader's own error names neither)."""
+    where = "one of " + ", ".join(self.files)
+    for index in records:
+      try:
+        self._source[index]
+      except Exception:  # pylint: disable=broad-except
+        try:  # grain's record → (shard, position) map
+          shard, _ = self._source._reader_idx_and_position(index)  # pylint: disable=protected-access
+          where = f"{self.files[shard]} (record {index})"
+        except Exception:  # pylint: disable=broad-except
+          where = f"record {index} of " + ", ".join(self.files)
+        break
+    brief = str(error).strip().splitlines()[0][:200] if str(error) else type(
+        error).__name__
+    return (f"Prepared data is damaged: {where} cannot be read ({brief}). "
+            "Prepare the data again (python -m albert_jax.data.prepare) into "
+            "a new --output_dir, or restore the file from a copy.")
 
   def batch(self, step: int):
     """Global step `step`: global jax.Arrays if a sharding was given."""

@@ -285,3 +285,24 @@ def test_unmasked_batches(data_dir, vocab):
   np.testing.assert_array_equal(restored, b["input_ids"])
   assert b["masked_positions"].shape == (4, 0)
   assert b["masked_weights"].dtype == np.float32
+
+
+def test_a_damaged_shard_names_the_file_and_the_fix(data_dir, vocab, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  copy = tmp_path / "data"
+  shutil.copytree(data_dir, copy)
+  shard = sorted(copy.glob("train-*.arrayrecord"))[0]
+  blob = bytearray(shard.read_bytes())
+  for i in range(200, 1200):  # scramble the first records' chunks
+    blob[i] ^= 0x5A
+  shard.write_bytes(bytes(blob))
+  loader = _loader(str(copy), vocab, prefetch=0)
+  with pytest.raises(loader_lib.DamagedShardError) as e:
+    for step in range(50):  # every record is read within a few epochs' steps
+      loader.batch(step)
+  message = str(e.value)
+  assert message.startswith(f"Prepared data is damaged: {shard} (record ")
+  assert message.endswith(
+      "Prepare the data again (python -m albert_jax.data.prepare) into a new "
+      "--output_dir, or restore the file from a copy.")
+  assert "\n" not in message
