@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import random
 import sys
 import tempfile
@@ -120,8 +121,10 @@ def train_sentencepiece(
     byte_fallback: encode unknown characters as <0xNN> byte pieces.
     input_sentence_size: at most this many sentences are reservoir-sampled
       (the README used 1e7), bounding memory on big corpora; <=0: all.
-      SentencePiece itself still drops sentences over 4192 bytes, as it did
-      for ALBERT.
+      SentencePiece's own limit on a sentence's length (4192 bytes, over
+      which it drops sentences silently, or fails when all are longer) is
+      raised to the longest sampled sentence, so a corpus of one paragraph
+      per line trains on every line.
     seed: drives the sample and SentencePiece's own RNG.
     num_threads: SentencePiece trainer threads.
     do_lower_case, keep_accents: preprocessing, identical to `encode`'s.
@@ -133,7 +136,8 @@ def train_sentencepiece(
 
   Raises:
     FileNotFoundError: a file or glob matches nothing.
-    ValueError: no usable sentence in the corpus.
+    ValueError: no usable sentence in the corpus, or more pieces asked for
+      than the corpus supports.
   """
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   start = time.time()
@@ -153,19 +157,34 @@ def train_sentencepiece(
       user_defined_symbols=list(user_symbols), byte_fallback=byte_fallback,
       character_coverage=0.99995, input_sentence_size=0,
       shuffle_input_sentence=False, num_threads=num_threads,
+      max_sentence_length=max([4192] + [len(s.encode("utf-8")) + 1
+                                        for s in sample]),
       minloglevel=0 if verbose else 2)
   spm.set_random_generator_seed(seed)
-  if not storage.is_remote(prefix):
-    storage.path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
-                                   model_prefix=prefix, **options)
-  else:  # SentencePiece writes only local files
-    name = storage.path(prefix).name
-    with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
+  try:
+    if not storage.is_remote(prefix):
+      storage.path(prefix).parent.mkdir(parents=True, exist_ok=True)
       spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
-                                     model_prefix=os.path.join(tmp, name),
-                                     **options)
-      staging.publish(tmp, storage.path(prefix).parent, last=name + ".model")
+                                     model_prefix=prefix, **options)
+    else:  # SentencePiece writes only local files
+      name = storage.path(prefix).name
+      with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
+                                       model_prefix=os.path.join(tmp, name),
+                                       **options)
+        staging.publish(tmp, storage.path(prefix).parent,
+                        last=name + ".model")
+  except RuntimeError as e:
+    limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it "
+                      r"to a value <= (\d+)", str(e))
+    if not limit:
+      raise
+    raise ValueError(
+        f"A vocabulary of {vocab_size} pieces is more than this corpus "
+        f"supports (at most {limit.group(2)}); lower it "
+        "(config.model.vocab_size when a run trains its own tokenizer, "
+        "--vocab_size for albert_jax.text.train) or train on more text."
+    ) from e
   return prefix + ".model", _stats(counts, stats, len(sample), start)
 
 
