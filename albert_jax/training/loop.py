@@ -209,6 +209,14 @@ class Preemption:
     return bool(flags[0]), bool(flags[1])
 
 
+def state_is_finite(state: Any) -> bool:
+  """Whether every float array of the train state is finite."""
+  from albert_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  bad = jax.jit(step_lib.nonfinite_leaves)(
+      {k: state[k] for k in ("params", "opt_state") if k in state})
+  return not bool(np.any(jax.device_get(bad)))
+
+
 class NonFiniteGuard:
   """Counts consecutive skipped steps; raises after `limit` of them."""
 
@@ -220,23 +228,30 @@ class NonFiniteGuard:
     self.streak = 0
     self.total = 0
 
-  def update(self, step: int, skipped: float, bad_leaves: np.ndarray) -> None:
-    """Records step `step`'s outcome (1-based: the step that just ran)."""
+  def update(self, step: int, skipped: float, bad_leaves: np.ndarray,
+             bad_update: np.ndarray | None = None) -> None:
+    """Records step `step`'s outcome (1-based: the step that just ran).
+    `bad_update` flags the parameters (and, last, the optimizer state) the
+    update would have made non-finite."""
     if not skipped:
       self.streak = 0
       return
     self.streak += 1
     self.total += 1
     bad = [p for p, b in zip(self.paths, np.asarray(bad_leaves)) if b]
-    log.warning("Step %d: non-finite loss or gradient, update skipped "
-                "(%d in a row). Non-finite gradients: %s", step, self.streak,
+    if not bad and bad_update is not None and np.any(bad_update):
+      flags = np.asarray(bad_update)
+      bad = [f"{p} (its update)" for p, b in zip(self.paths, flags) if b]
+      bad += ["the optimizer state"] if flags[-1] else []
+    log.warning("Step %d: non-finite loss, gradient or update, update "
+                "skipped (%d in a row). Non-finite: %s", step, self.streak,
                 ", ".join(bad) or "none (the loss itself)")
     if self.streak >= self.limit:
       shown = ", ".join(bad[:20]) + (" …" if len(bad) > 20 else "")
       raise NonFiniteError(
           f"Stopped at step {step}: the last {self.streak} steps all had a "
-          f"non-finite loss or gradient. Parameters with non-finite "
-          f"gradients at step {step}: {shown or 'none (the loss itself)'}. "
+          f"non-finite loss, gradient or update. Non-finite at step {step}: "
+          f"{shown or 'none (the loss itself)'}. "
           "Lower optimizer.learning_rate, check the data at these steps, "
           "use float32 (model.dtype), or raise "
           "config.max_consecutive_nonfinite.")
@@ -378,14 +393,23 @@ class _Fit:
     if m is None:
       return
     flags = jax.device_get({"skipped": m["skipped"],
-                            "nonfinite_grads": m["nonfinite_grads"]})
+                            "nonfinite_grads": m["nonfinite_grads"],
+                            "nonfinite_update": m.get("nonfinite_update")})
     try:
       self.guard.update(step, float(flags["skipped"]),
-                        flags["nonfinite_grads"])
+                        flags["nonfinite_grads"], flags["nonfinite_update"])
     except NonFiniteError as e:
       # The state holds the last finite step's parameters (the step counter
-      # may be one further: the next step was already queued).
+      # may be one further: the next step was already queued), unless it
+      # started non-finite (a damaged checkpoint): then nothing is saved.
       at = int(jax.device_get(self.state["step"]))
+      if not state_is_finite(self.state):
+        self.shutdown(None)
+        raise NonFiniteError(
+            f"{e} The parameters or optimizer state were already non-finite "
+            "before these steps (a damaged checkpoint or init); nothing was "
+            f"saved. Resume from an earlier checkpoint in {self.workdir}, or "
+            "start a new run.") from None
       self.shutdown(at)
       raise NonFiniteError(
           f"{e} The parameters of the last finite step were saved as "
@@ -397,6 +421,7 @@ class _Fit:
     self.check_pending()
     m = jax.device_get(m)
     m.pop("nonfinite_grads")
+    m.pop("nonfinite_update", None)
     m = {k: float(v) for k, v in m.items()}
     now = time.time()
     dt = (now - self.t_last) / max(done - self.s_last, 1)
@@ -451,8 +476,9 @@ class _Fit:
                   "not be finished: %s", e)
     self.writer.close()
 
-  def shutdown(self, step: int) -> None:
-    """Saves step `step` and closes the run before its end."""
-    self.save(step, force=True)
+  def shutdown(self, step: int | None) -> None:
+    """Saves step `step` (None: nothing) and closes the run before its end."""
+    if step is not None:
+      self.save(step, force=True)
     self.mngr.wait_until_finished()
     self.writer.close()

@@ -38,7 +38,10 @@ def _microbatches(batch: dict, count: int) -> dict:
 
 def nonfinite_leaves(grads: Any) -> jax.Array:
   """[num_leaves] bool: which gradient leaves hold a NaN or Inf (tree order)."""
-  return jnp.stack([~jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+  leaves = jax.tree.leaves(grads)
+  if not leaves:  # e.g. plain SGD's empty optimizer state
+    return jnp.zeros((0,), bool)
+  return jnp.stack([~jnp.all(jnp.isfinite(g)) for g in leaves])
 
 
 def _updates_applied(opt_state, default: jax.Array) -> jax.Array:
@@ -63,11 +66,14 @@ def make_train_step(objective, tx: optax.GradientTransformation,
     tx, schedule: from `optimizer.make`.
     accumulation_steps: micro-batches per step (B must divide by it).
 
-  A step whose loss or gradients are not finite changes neither parameters
-  nor optimizer state (so the learning-rate schedule does not advance
-  either); the step counter still does, so the data moves on.
-  metrics["skipped"] is 1 for it and metrics["nonfinite_grads"] flags the
-  offending gradient leaves (in the order of `tree.flatten(params)`).
+  A step whose loss or gradients are not finite, or whose update would
+  make a parameter or an optimizer slot non-finite (finite gradients can
+  still overflow), changes neither parameters nor optimizer state (so the
+  learning-rate schedule does not advance either); the step counter still
+  does, so the data moves on. metrics["skipped"] is 1 for it;
+  metrics["nonfinite_grads"] and metrics["nonfinite_update"] flag the
+  offending gradient and updated-parameter leaves (in the order of
+  `tree.flatten(params)`), the latter's last entry the optimizer state.
   """
   if accumulation_steps < 1:
     raise ValueError(f"config.accumulation_steps must be >= 1, got "
@@ -120,6 +126,10 @@ def make_train_step(objective, tx: optax.GradientTransformation,
     ok = jnp.isfinite(loss) & ~jnp.any(bad_leaves)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
+    bad_update = jax.lax.optimization_barrier(jnp.concatenate([
+        nonfinite_leaves(new_params),
+        jnp.any(nonfinite_leaves(opt_state), keepdims=True)]))
+    ok = ok & ~jnp.any(bad_update)
     # A non-finite step keeps the old parameters and optimizer state.
     keep = lambda new, old: jax.tree.map(
         lambda n, o: jnp.where(ok, n, o), new, old)
@@ -132,6 +142,7 @@ def make_train_step(objective, tx: optax.GradientTransformation,
         _updates_applied(state["opt_state"], state["step"]))
     metrics["skipped"] = 1.0 - ok.astype(jnp.float32)
     metrics["nonfinite_grads"] = bad_leaves
+    metrics["nonfinite_update"] = bad_update
     new_state = {**state, "step": state["step"] + 1, "params": new_params,
                  "opt_state": opt_state}
     return new_state, metrics

@@ -38,6 +38,35 @@ def test_guard_names_the_loss_when_no_gradient_is_bad():
     guard.update(1, 1.0, np.array([False]))
 
 
+def test_guard_names_the_parameters_an_update_made_non_finite():
+  guard = loop.NonFiniteGuard(1, ["a/kernel", "b/bias"])
+  with pytest.raises(loop.NonFiniteError) as e:
+    guard.update(4, 1.0, np.array([False, False]),
+                 np.array([False, True, True]))
+  assert ("Non-finite at step 4: b/bias (its update), the optimizer state."
+          in str(e.value))
+
+
+def test_a_run_that_started_non_finite_saves_nothing(tmp_path):
+  """Every step skipped because the parameters were NaN from the start (a
+  damaged checkpoint): the run stops without claiming, or saving, a last
+  finite step."""
+  config = _config()
+  state = {"step": jnp.zeros([], jnp.int32),
+           "params": {"w": jnp.full(2, jnp.nan)}}
+  mngr = checkpoints.manager(str(tmp_path), async_save=False)
+  with pytest.raises(loop.NonFiniteError) as e:
+    loop.fit(config, state=state, train_step=_fake_step(1),
+             batches=((i, None) for i in range(10)), start_step=0,
+             resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
+             flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"])
+  assert str(e.value).endswith(
+      "The parameters or optimizer state were already non-finite before "
+      f"these steps (a damaged checkpoint or init); nothing was saved. Resume "
+      f"from an earlier checkpoint in {tmp_path}, or start a new run.")
+  assert checkpoints.available_steps(str(tmp_path)) == []
+
+
 def test_guard_refuses_a_nonpositive_limit():
   with pytest.raises(ValueError, match="max_consecutive_nonfinite"):
     loop.NonFiniteGuard(0, [])

@@ -238,6 +238,7 @@ def run_steps(step_fn, state, batches):
   for batch in batches:
     state, m = step_fn(state, batch)
     assert not np.any(m.pop("nonfinite_grads"))
+    assert not np.any(m.pop("nonfinite_update"))
     assert float(m.pop("skipped")) == 0.0
     metrics.append(jax.tree.map(float, m))
   return state, metrics
@@ -401,6 +402,7 @@ def test_loss_decreases_when_memorising_a_batch():
   for _ in range(20):
     state, metrics = step(state, BATCHES[0])
     metrics.pop("nonfinite_grads")
+    metrics.pop("nonfinite_update")
     history.append(jax.tree.map(float, metrics))
   losses = [m["loss"] for m in history]
   assert all(np.isfinite(losses))
@@ -557,6 +559,28 @@ def test_nonfinite_batch_skips_the_update_and_names_the_gradients():
   chex.assert_trees_all_equal(after_good["params"], alone["params"])
   chex.assert_trees_all_equal(after_good["opt_state"], alone["opt_state"])
   assert int(after_good["step"]) == 2
+
+
+def test_an_update_that_overflows_is_skipped_and_named():
+  """Finite loss and gradients, but an update so large that it overflows
+  float32: the step is skipped like a non-finite gradient, and
+  the parameters whose update overflowed are flagged."""
+  module, _, schedule = parts()
+  _, _, _, state = setup()
+  # Each update is 3e38 · sign(g) · 10: infinite in float32.
+  huge = optax.chain(optax.scale_by_sign(), optax.scale(-3e38),
+                     optax.scale(10.0))
+  step = jit(step_lib.make_train_step(objectives.MaskedLMObjective(module),
+                                      huge, schedule, 1))
+  state = {**state, "opt_state": huge.init(state["params"])}
+  after, m = step(jax.tree.map(jnp.copy, state), BATCHES[0])
+  assert float(m["skipped"]) == 1.0 and np.isfinite(float(m["loss"]))
+  assert not np.any(np.asarray(m["nonfinite_grads"]))
+  paths = list(tree.flatten(state["params"]))
+  flags = np.asarray(m["nonfinite_update"])
+  assert flags.shape == (len(paths) + 1,)
+  assert "mlm/output_bias" in {p for p, b in zip(paths, flags) if b}
+  chex.assert_trees_all_equal(after["params"], state["params"])
 
 
 def test_roberta_positions_ignore_a_random_pad_token():
