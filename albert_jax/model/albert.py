@@ -16,6 +16,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from albert_jax.model import encoder as encoder_lib
 from albert_jax.model import heads as heads_lib
@@ -27,6 +28,38 @@ from albert_jax.model.config import ModelConfig
 # builds only when asked.
 HEADS = ("mlm", "sop")
 ALL_HEADS = ("mlm", "sop", "rtd", "lm")
+
+
+def check_ids(input_ids: Any, vocab_size: int,
+              name: str = "input_ids") -> None:
+  """Refuses token ids the embedding would silently clip or misread: not
+  [B, T], not integers, or (when the values are known, outside jit)
+  outside [0, vocab_size). A JAX gather clips an out-of-range id to the
+  last row instead of failing, so a tokenizer larger than the model would
+  otherwise give wrong results without an error.
+
+  Raises:
+    ValueError: naming the problem and the fix.
+  """
+  shape = getattr(input_ids, "shape", None)
+  dtype = getattr(input_ids, "dtype", None)
+  if shape is None or len(shape) != 2:
+    raise ValueError(
+        f"{name} must be [batch, seq] token ids, got shape {shape}; add a "
+        "batch axis for one sequence (ids[None]).")
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f"{name} must be integer token ids, got dtype {dtype}; "
+                     "tokenize the text first (Tokenizer.encode).")
+  if isinstance(input_ids, jax.core.Tracer) or not shape[0] * shape[1]:
+    return  # inside jit: the values are not known here
+  # numpy, not jnp: inside a trace even a concrete array's jnp.min is traced.
+  values = np.asarray(input_ids)
+  low, high = int(values.min()), int(values.max())
+  if low < 0 or high >= vocab_size:
+    raise ValueError(
+        f"{name} holds ids in [{low}, {high}] but the model's vocabulary has "
+        f"{vocab_size} entries ([0, {vocab_size - 1}]); use the tokenizer the "
+        "model was trained with.")
 
 
 class Albert(nn.Module):
@@ -85,6 +118,7 @@ class Albert(nn.Module):
       token t + 1).
     """
     cfg = self.config
+    check_ids(input_ids, cfg.vocab_size)
     batch, length = input_ids.shape
     if length > cfg.max_length:
       if cfg.position_ids_from_padding:

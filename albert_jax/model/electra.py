@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from albert_jax.model import albert as albert_lib
 from albert_jax.model import encoder as encoder_lib
 from albert_jax.model import heads as heads_lib
 from albert_jax.model.config import ModelConfig
@@ -162,6 +163,7 @@ class Electra(nn.Module):
       [B, T] (discriminator).
     """
     cfg = self.config
+    albert_lib.check_ids(input_ids, cfg.vocab_size)
     length = input_ids.shape[1]
     if length > cfg.max_length:
       raise ValueError(f"Sequence length {length} exceeds the model's "
