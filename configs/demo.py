@@ -5,8 +5,11 @@ on first use (reused on resume), then pre-trains with LAMB, checkpoints,
 evaluates on held-out documents and prints MLM accuracy beside the
 unigram-frequency baseline, and SOP accuracy. It then fine-tunes the fresh
 model as a spam/ham classifier on the bundled SpamAssassin e-mails (CC0; cut
-80/10/10 into train/eval/test, stratified) in `workdir/finetune` and prints
-test accuracy beside the majority-class baseline.
+80/10/10 into train/eval/test, stratified) in `workdir/finetune`, prints
+test accuracy beside the majority-class baseline, reloads the best
+checkpoint as `albert_jax.load_pretrained(WORKDIR/finetune)` would, and
+predicts three new e-mails that are not in the data (label and probability
+of each).
 
   python -m albert_jax.main --config=configs/demo.py --workdir=/tmp/albert_demo
 
@@ -52,4 +55,16 @@ def get_config(arg=None):
   c.finetune.log_every_steps = 10
   c.finetune.eval_every_steps = c.finetune.checkpoint_every_steps = max(
       ft_steps // 2, 1)
+  # Written for the demo, so in none of the bundled e-mails.
+  c.finetune.predict_texts = NEW_EMAILS
   return c
+
+
+NEW_EMAILS = (
+    "Congratulations!!! You have been selected to receive a FREE $1000 "
+    "gift card. Click here now to claim your prize before it expires!",
+    "Hi Tom, the meeting with the design team moved to Thursday at 3pm. "
+    "Could you send me last week's slides before then? Thanks, Anna",
+    "I tried your patch for the build script on my machine and the tests "
+    "pass now. I will merge it tomorrow unless someone objects.",
+)

@@ -91,6 +91,20 @@ class SingleLabelTask(task_lib.Task):
         outputs["logits"], batch["labels"], batch["weights"])
     return {"loss_sum": sums["loss_sum"], "correct_sum": sums["correct"]}
 
+  def label_names(self) -> tuple[str, ...]:
+    """The classes' names in class-id order (default "0", "1", ...)."""
+    return tuple(str(i) for i in range(self.num_labels))
+
+  def text_names(self) -> tuple[str, ...]:
+    """What the one or two texts of a row are called (columns, features)."""
+    return ("text",)
+
+  def describe(self) -> dict:
+    return {"task_type": "regression" if self.regression else
+                         "classification",
+            "labels": None if self.regression else list(self.label_names()),
+            "text_columns": list(self.text_names())}
+
   def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
     """{"prediction": [N]}: the class id (int32) or the regression value."""
     del batch

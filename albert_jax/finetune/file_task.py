@@ -127,6 +127,12 @@ class FilesTask(classification.SingleLabelTask):
     self.eval_splits = ("eval",)
     self.predict_splits = ("eval",) + (("test",) if "test" in paths else ())
 
+  def label_names(self) -> tuple[str, ...]:
+    return tuple(self.labels)
+
+  def text_names(self) -> tuple[str, ...]:
+    return tuple(self.text_columns)
+
   def _label_set(self, data) -> tuple[str, ...]:
     """data.labels, or the train file's labels; at least two, distinct."""
     given = data.get("labels", None)

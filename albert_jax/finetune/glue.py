@@ -189,6 +189,12 @@ class GlueTask(classification.SingleLabelTask):
           f"{self.spec.label_names}; this version of tensorflow-datasets "
           "orders them differently, so predictions would be mislabelled.")
 
+  def label_names(self) -> tuple[str, ...]:
+    return tuple(self.spec.label_names)
+
+  def text_names(self) -> tuple[str, ...]:
+    return tuple(self.spec.texts)
+
   def evaluate(self, predictions: dict[str, np.ndarray],
                split: task_lib.Split) -> dict[str, float]:
     pred = classification.row_predictions(predictions, split)

@@ -104,29 +104,43 @@ def qa_text(question: str, option: str) -> str:
 
 def featurize(records: list[dict], tokenizer, max_seq_length: int,
               max_qa_length: int) -> dict[str, np.ndarray]:
-  """Records → "input_ids", "token_type_ids", "attention_mask" [N, 4, T]
-  int32 and "label" [N] int32."""
+  """Records → "input_ids", "token_type_ids", "attention_mask" [N, C, T]
+  int32 and "label" [N] int32.
+
+  Every record has "article", "question" and C "options" (C the same for
+  all) and "label" (the answer's index, -1 when unknown). Choice j is
+  `[CLS] article [SEP] qa [SEP]`, qa being `qa_text(question, option_j)`,
+  or the option alone where the question is empty (SWAG-style endings).
+  """
   if tokenizer.cls_id is None or tokenizer.sep_id is None:
-    raise ValueError("RACE inputs need [CLS] and [SEP] pieces; this "
-                     "vocabulary has none (train one with albert_jax.text.train).")
+    raise ValueError("Multiple-choice inputs need [CLS] and [SEP] pieces; "
+                     "this vocabulary has none (train one with "
+                     "albert_jax.text.train).")
   if max_seq_length < max_qa_length + 4:
     raise ValueError(
         f"max_seq_length={max_seq_length} leaves no room for the article "
         f"after data.max_qa_length={max_qa_length} question+option tokens "
         "and 3 special tokens; raise max_seq_length or lower "
         "data.max_qa_length.")
+  choices = {len(rec["options"]) for rec in records} or {NUM_CHOICES}
+  if len(choices) != 1:
+    raise ValueError(f"The rows have different numbers of choices "
+                     f"{sorted(choices)}; featurize rows with the same "
+                     "number together.")
+  (num_choices,) = choices
   pad = 0 if tokenizer.pad_id is None else tokenizer.pad_id
   n, t = len(records), max_seq_length
-  ids = np.full((n, NUM_CHOICES, t), pad, np.int32)
-  types = np.zeros((n, NUM_CHOICES, t), np.int32)
-  mask = np.zeros((n, NUM_CHOICES, t), np.int32)
+  ids = np.full((n, num_choices, t), pad, np.int32)
+  types = np.zeros((n, num_choices, t), np.int32)
+  mask = np.zeros((n, num_choices, t), np.int32)
   article_ids = {}  # articles carry several questions: tokenize once
   for r, rec in enumerate(records):
     if rec["article"] not in article_ids:
       article_ids = {rec["article"]: tokenizer.encode(rec["article"])}
     article = article_ids[rec["article"]]
     for c, option in enumerate(rec["options"]):
-      qa = tokenizer.encode(qa_text(rec["question"], option))[-max_qa_length:]
+      qa = tokenizer.encode(qa_text(rec["question"], option)
+                            if rec["question"] else option)[-max_qa_length:]
       context = article[:t - 3 - len(qa)]
       row = [tokenizer.cls_id] + context + [tokenizer.sep_id] + qa + [
           tokenizer.sep_id]
@@ -199,6 +213,10 @@ class RaceTask(Task):
     logits = outputs["logits"]
     return {"logits": logits,
             "prediction": jnp.argmax(logits, axis=-1).astype(jnp.int32)}
+
+  def describe(self) -> dict:
+    return {"task_type": "multiple_choice", "labels": None,
+            "max_qa_length": self.max_qa_length}
 
   def evaluate(self, predictions: dict, split: Split) -> dict[str, float]:
     ex = split.examples

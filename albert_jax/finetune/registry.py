@@ -12,6 +12,8 @@ FAMILIES = {
     "squad/": "albert_jax.finetune.squad.task",
     "race/": "albert_jax.finetune.race",
     "files": "albert_jax.finetune.file_task",
+    "ner/": "albert_jax.finetune.tagging",
+    "choice/": "albert_jax.finetune.choice",
 }
 
 
@@ -23,4 +25,6 @@ def make_task(name: str, data) -> Task:
   raise ValueError(
       f"Unknown task {name!r}; use glue/NAME (cola, sst2, mrpc, qqp, stsb, "
       "mnli, qnli, rte, wnli), squad/v1.1, squad/v2.0, race/high, "
-      "race/middle, race/all, or 'files' for your own TSV/CSV/JSONL data.")
+      "race/middle, race/all, ner/conll2003, 'files' for your own "
+      "TSV/CSV/JSONL data, ner/files for your own CoNLL-format files or "
+      "choice/files for your own multiple-choice data.")

@@ -20,6 +20,7 @@ next-token loss on the task rows' own input text, through the pre-trained
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.finetune import batching
+from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune import registry
 from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import Split
@@ -240,6 +242,10 @@ def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   objective, tx, schedule, start = _start_state(config, workdir, setup, mesh,
                                                 rules)
   loop.record_config(config, workdir)
+  record = functools.partial(
+      predict_lib.record, workdir, setup.task, setup.model_config,
+      setup.tokenizer, setup.seq_len, setup.lm_weight > 0)
+  record()  # a checkpoint can be reloaded for prediction while training
   data_sharding = sharding_lib.data_sharding(mesh)
   train, predict = _steps(config, setup, objective, tx, schedule,
                           start.shardings, mesh, rules, data_sharding)
@@ -253,6 +259,7 @@ def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   best_eval, written = _best_predictions(
       setup, predict, params, eval_batch, data_sharding,
       os.fspath(storage.path(workdir) / "predictions"))
+  record()  # again: evaluation tuned settings (SQuAD v2.0's threshold)
   result = {"task": setup.task.name, "data": data_name(config, setup.task),
             "step": final_step, "best_step": best_step,
             "skipped_steps": out.skipped_steps,
@@ -414,6 +421,11 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
   names one shipped in albert_jax/data/bundled), the file is cut into
   stratified train/eval/test files (`config.data.split_fractions`, seed
   `config.seed`) for the "files" task.
+
+  With `config.predict_texts` (texts the data does not hold), the best
+  checkpoint is reloaded as a user would (`albert_jax.load_pretrained`)
+  and predicts them: the result's "new_predictions" lists {"text", "label",
+  "probability"} (or {"text", "score"} for regression) per text.
   """
   config = config.copy_and_resolve_references()
   optim.check(config)
@@ -424,8 +436,28 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
   # rewrite the files a running fine-tune reads.
   with lease_lib.acquire(workdir,
                          config.get("take_over_workdir", False)) as lease:
-    return run(_with_split_data(config, workdir, pretrain_workdir), workdir,
-               lease=lease)
+    result = run(_with_split_data(config, workdir, pretrain_workdir),
+                 workdir, lease=lease)
+  texts = list(config.get("predict_texts") or ())
+  if texts and "preempted_at" not in result:
+    result["new_predictions"] = predict_new(workdir, texts)
+  return result
+
+
+def predict_new(workdir: str, texts: list[str]) -> list[dict[str, Any]]:
+  """The best checkpoint of fine-tuning `workdir`, reloaded, on `texts`:
+  {"text", "label", "probability"} (classification) or {"text", "score"}
+  per text, also logged."""
+  model = predict_lib.load(workdir, "best")
+  out = []
+  for text, pred in zip(texts, model.predict(texts)):
+    kept = {k: pred[k] for k in ("label", "probability", "score")
+            if k in pred}
+    out.append({"text": text, **kept})
+    log.info("Prediction of step %s on a new text: %s — %r", model.step,
+             ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else
+                       f"{k} {v}" for k, v in kept.items()), text)
+  return out
 
 
 def _with_split_data(config, workdir: str, pretrain_workdir: str):

@@ -88,6 +88,42 @@ def _lines(path: str):
     raise FileFormatError(f"{path}: not a complete gzip file ({e}).") from None
 
 
+def iter_lines(path: str):
+  """Yields (1-based line number, text) of a UTF-8 file (optionally .gz),
+  one line at a time; bad bytes are reported with their line."""
+  return _lines(path)
+
+
+def iter_rows(path: str, header: Optional[Sequence[str]] = None,
+              what: str = "data file"):
+  """Yields (line number, row dict) of a TSV/CSV/JSONL(.gz) file one row at
+  a time, in bounded memory (`read_table` holds them all).
+
+  Raises:
+    FileFormatError: as `read_table`, when the bad row is reached.
+  """
+  path = os.fspath(path)
+  ext = file_format(path)
+  if not storage.path(path).is_file():
+    raise FileFormatError(f"{what} {path!r} does not exist; check the path.")
+  records = _records(path, ext)
+  columns = None if header is None else tuple(header)
+  if columns is None and ext != ".jsonl":
+    first = next(records, None)
+    if first is None:
+      raise FileFormatError(f"{what} {path} is empty.")
+    columns = tuple(first[1])
+  for number, fields in records:
+    if isinstance(fields, dict):
+      yield number, fields
+    elif len(fields) != len(columns):
+      raise FileFormatError(
+          f"{what} {path}, line {number}: {len(fields)} fields, but there "
+          f"are {len(columns)} columns ({', '.join(columns)}).")
+    else:
+      yield number, dict(zip(columns, fields))
+
+
 def _records(path: str, ext: str):
   """Yields (line number, fields) per non-blank record: a list of str for
   TSV/CSV, a dict for JSONL."""

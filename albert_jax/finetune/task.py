@@ -124,6 +124,14 @@ class Task(abc.ABC):
                         split: Split, directory: str) -> list[str]:
     """Writes the split's prediction files into `directory`; returns paths."""
 
+  def describe(self) -> dict[str, Any] | None:
+    """What predicting with the fine-tuned model needs, JSON-serialisable:
+    "task_type" (one of `albert_jax.finetune.predict.TASK_TYPES`), "labels"
+    (the label names in class order, or None) and the head's and the
+    featurization's settings. None: the task cannot be reloaded for
+    prediction (`albert_jax.finetune.predict`)."""
+    return None
+
 
 class FineTuneModel(nn.Module):
   """The pre-trained encoder (under "albert") with a task head ("head").

@@ -12,6 +12,9 @@ Accepts:
     `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
   * an albert_jax training workdir (the trainer's `config.json` and
     `checkpoints/`).
+  * an albert_jax fine-tuning workdir (its `task.json`, `tokenizer/` and
+    `checkpoints/`): the model with its task head, as a
+    `albert_jax.finetune.predict.FineTuned` whose `predict` takes raw text.
 
 `Pretrained.to_hf` writes any of the HF layouts back. Directories are local
 (`~` expanded) or `gs://BUCKET/...`.
@@ -229,6 +232,69 @@ class Pretrained:
           f"than the model's {limit} positions; shorten it.")
     return ids, np.asarray(positions, np.int64)
 
+  def embed(self, texts, pooling: str = "mean",
+            batch_size: int = 32) -> np.ndarray:
+    """Sentence vectors of texts (or (text, text) pairs).
+
+    Each input is encoded as `[CLS] a [SEP] (b [SEP])` and padded to a
+    multiple of 32 tokens (so similar lengths share one compiled forward),
+    in batches of `batch_size`.
+
+    Args:
+      texts: a text, a (text, text) pair, or a list of either.
+      pooling: "mean" (the mean of the real tokens' final hidden states,
+        padding excluded) or "pooled" (the [CLS] pooler's output, where
+        the checkpoint has a pooler).
+      batch_size: inputs per forward pass.
+
+    Returns:
+      [N, H] float32 (one row per input; [H] for a single input).
+
+    Raises:
+      ValueError: an unknown pooling, "pooled" without a pooler, no
+        tokenizer, or an input longer than the model's positions.
+    """
+    if pooling not in ("mean", "pooled"):
+      raise ValueError(f"pooling={pooling!r}; choose 'mean' or 'pooled'.")
+    if pooling == "pooled" and not self.pooler:
+      raise ValueError("pooling='pooled' reads the [CLS] pooler, which this "
+                       "checkpoint lacks; use pooling='mean'.")
+    if self.tokenizer is None:
+      raise ValueError("embed needs the checkpoint's tokenizer, and it has "
+                       "none; set .tokenizer = Tokenizer.from_file(...).")
+    single = not isinstance(texts, list)
+    items = [texts] if single else texts
+    limit = self.model_config.max_position_embeddings
+    encoded = []
+    for item in items:
+      a, b = (item, None) if isinstance(item, str) else item
+      enc = self.tokenizer.encode_pair(a, b)
+      if len(enc["input_ids"]) > limit:
+        raise ValueError(f"An input encodes to {len(enc['input_ids'])} "
+                         f"tokens, more than the model's {limit} positions; "
+                         "shorten it.")
+      encoded.append(enc)
+    pad = self.tokenizer.pad_id or 0
+    out = []
+    for start in range(0, len(encoded), batch_size):
+      rows = encoded[start:start + batch_size]
+      length = min(limit, -(-max(len(r["input_ids"]) for r in rows) // 32)
+                   * 32)
+      arrays = {k: np.asarray([r[k] + [fill] * (length - len(r[k]))
+                               for r in rows], np.int32)
+                for k, fill in (("input_ids", pad), ("token_type_ids", 0),
+                                ("attention_mask", 0))}
+      result = self(arrays["input_ids"], arrays["token_type_ids"],
+                    arrays["attention_mask"])
+      if pooling == "pooled":
+        out.append(np.asarray(result["pooled_output"], np.float32))
+      else:
+        mask = arrays["attention_mask"][..., None].astype(np.float32)
+        hidden = np.asarray(result["sequence_output"], np.float32)
+        out.append((hidden * mask).sum(1) / mask.sum(1))
+    vectors = np.concatenate(out)
+    return vectors[0] if single else vectors
+
   def to_hf(self, path: str, model_type: str | None = None) -> None:
     """Writes an HF checkpoint directory that `from_pretrained` loads.
 
@@ -292,18 +358,21 @@ def _to_config_dict(cfg: ModelConfig):
   return ml_collections.ConfigDict(cfg.to_dict())
 
 
-def load_pretrained(path: str, step: int | None = None,
-                    **overrides) -> Pretrained:
+def load_pretrained(path: str, step: int | str | None = None,
+                    **overrides):
   """Loads a checkpoint directory.
 
   Args:
     path: an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
-      ELECTRA), a google-research/albert TF release directory, or an
-      albert_jax training workdir (its config.json and checkpoints/); local
-      (`~` expanded) or gs://BUCKET/PATH.
+      ELECTRA), a google-research/albert TF release directory, an
+      albert_jax training workdir (its config.json and checkpoints/) or an
+      albert_jax fine-tuning workdir; local (`~` expanded) or
+      gs://BUCKET/PATH.
     step: for a workdir, the checkpoint step to read (default: the newest
-      readable one); for a TF release, read `model.ckpt-{step}` (default:
-      the only checkpoint, else `model.ckpt-best`, else the newest).
+      readable one; a fine-tuning workdir also takes "best", its run's best
+      checkpoint by the task's metric); for a TF release, read
+      `model.ckpt-{step}` (default: the only checkpoint, else
+      `model.ckpt-best`, else the newest).
     **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
       attention_impl="xla"; shape-defining fields must match the weights.
       One more keyword applies to ELECTRA training workdirs only:
@@ -314,8 +383,10 @@ def load_pretrained(path: str, step: int | None = None,
       ELECTRA directory holds one part already and takes no electra_part.
 
   Returns:
-    A `Pretrained`. Heads the checkpoint lacks are listed in `.missing` and
-    logged; they are never initialised randomly behind the user's back.
+    A `Pretrained`, or for a fine-tuning workdir a
+    `albert_jax.finetune.predict.FineTuned`. Heads the checkpoint lacks are
+    listed in `.missing` and logged; they are never initialised randomly
+    behind the user's back.
 
   Raises:
     CheckpointError: not a checkpoint directory, an unsupported model type,
@@ -328,7 +399,25 @@ def load_pretrained(path: str, step: int | None = None,
     raise CheckpointError(
         f"{path} is not a directory" + (" (no object is stored under it)."
                                         if storage.is_remote(path) else "."))
+  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  if predict_lib.is_finetune_workdir(path):
+    if "electra_part" in overrides:
+      raise CheckpointError(
+          f"electra_part applies to ELECTRA pre-training workdirs; {path} "
+          "is a fine-tuning workdir, which holds one encoder.")
+    return predict_lib.load(path, step, **overrides)
+  if step == "best":
+    raise CheckpointError(
+        f"step='best' applies to fine-tuning workdirs (their run's best "
+        f"checkpoint by the task's metric); {path} is not one (it has no "
+        f"{predict_lib.TASK_FILE}).")
   workdir_config = workdir_lib.read_workdir_config(path)
+  if workdir_config is not None and workdir_config.get("job") == "finetune":
+    raise CheckpointError(
+        f"{path} is a fine-tuning workdir without "
+        f"{predict_lib.TASK_FILE}, which albert_jax writes there since it "
+        "reloads fine-tuned models; rerun the fine-tuning with this "
+        "version (it resumes from the newest checkpoint and records it).")
   if workdir_config is not None:
     loaded = workdir_lib.load(path, workdir_config, step, overrides)
     return Pretrained(config=_to_config_dict(loaded["model_config"]),
@@ -359,6 +448,18 @@ def load_pretrained(path: str, step: int | None = None,
   try:
     hf_config = hf.read_config(path)
     model_type = hf.model_type_of(hf_config)
+    from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
+    task_type = hf_export.task_type_of(hf_config)
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
+  if task_type is not None:
+    try:
+      fields = hf_export.from_hf(path, hf_config, task_type, overrides,
+                                 read_state_dict(path))
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
+    return predict_lib.FineTuned(tokenizer=_tokenizer(path), **fields)
+  try:
     cfg = hf.config_from_hf(hf_config)
     if overrides:
       cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})

@@ -75,10 +75,14 @@ class Answers:
       (softmax over the list's total scores) and the two scores.
     null_odds: v2.0 only, the no-answer score (higher: more likely
       unanswerable); None for v1.1.
+    offsets: the context characters [start, end) of each n-best entry's
+      text, in n-best order ((0, 0) for the empty "no answer" text); kept
+      out of the files, which hold the official fields only.
   """
   best: dict
   nbest: dict
   null_odds: Optional[dict] = None
+  offsets: Optional[dict] = None
 
 
 def top_indexes(scores: np.ndarray, n: int) -> np.ndarray:
@@ -173,7 +177,7 @@ def nbest_answers(cands: dict, ex: SquadExamples, n_best_size: int,
   # Best total first; ties keep the generation order (a stable sort).
   order = np.lexsort((np.arange(len(total)), -total, example))
   bounds = np.searchsorted(example[order], np.arange(len(ex.ids) + 1))
-  best, nbest = {}, {}
+  best, nbest, offsets = {}, {}, {}
   for e, qid in enumerate(ex.ids):
     idx = order[bounds[e]:bounds[e + 1]]
     pool = ((float(cands["start_score"][i]), float(cands["end_score"][i]),
@@ -185,29 +189,43 @@ def nbest_answers(cands: dict, ex: SquadExamples, n_best_size: int,
       # Ranked after every candidate whose total is at least the null's.
       at = int(np.sum(total[idx] >= null[0] + null[1]))
       pool = itertools.chain(itertools.islice(pool, at), [null], pool)
-    entries, seen = [], set()
+    entries, seen, spans = [], set(), []
     for s_score, e_score, row, s, t in pool:
       if len(entries) >= n_best_size:
         break
-      text = "" if row < 0 else ex.contexts[e][
-          ex.token_start[row, s]:ex.token_end[row, t]].strip()
+      span = (0, 0) if row < 0 else _stripped(
+          ex.contexts[e], int(ex.token_start[row, s]),
+          int(ex.token_end[row, t]))
+      text = ex.contexts[e][span[0]:span[1]]
       if text in seen:
         continue
       seen.add(text)
+      spans.append(span)
       entries.append({"text": text, score_names[0]: s_score,
                       score_names[1]: e_score})
     if null is not None and "" not in seen:
+      spans.append((0, 0))
       entries.append({"text": "", score_names[0]: null[0],
                       score_names[1]: null[1]})
     if not entries:  # no valid span in any window
+      spans.append((0, 0))
       entries.append({"text": "", score_names[0]: -1e6, score_names[1]: -1e6})
+    offsets[qid] = spans
     probs = softmax([x[score_names[0]] + x[score_names[1]] for x in entries])
     nbest[qid] = [{"text": x["text"], "probability": p,
                    score_names[0]: x[score_names[0]],
                    score_names[1]: x[score_names[1]]}
                   for x, p in zip(entries, probs)]
     best[qid] = next((x["text"] for x in entries if x["text"]), "")
-  return Answers(best=best, nbest=nbest)
+  return Answers(best=best, nbest=nbest, offsets=offsets)
+
+
+def _stripped(context: str, start: int, end: int) -> tuple[int, int]:
+  """[start, end) narrowed past surrounding whitespace: the characters of
+  `context[start:end].strip()`."""
+  text = context[start:end]
+  lead = len(text) - len(text.lstrip())
+  return start + lead, start + lead + len(text.strip())
 
 
 def _best_total(entries: list, names: tuple[str, str]) -> float:

@@ -13,6 +13,7 @@ null odds, which are logits here, not probabilities.
 from __future__ import annotations
 
 import collections
+import math
 import re
 import string
 from typing import Sequence
@@ -109,6 +110,16 @@ def _best_switch(predictions: dict, scores: dict, na_probs: dict,
     if cur > best:
       best, best_thresh, switched = cur, na_probs[qid], True
   return 100.0 * best / max(len(scores), 1), best_thresh, switched
+
+
+def null_threshold(best: dict, null_odds: dict, golds: dict) -> float:
+  """The no-answer threshold `tune_null_threshold` applies: an answer is
+  dropped where its null odds exceed it; -inf where answering nothing was
+  best (every answer dropped)."""
+  _, f1 = raw_scores_v2(best, golds)
+  has_answer = {q: bool(golds[q]) for q in golds}
+  _, thresh, switched = _best_switch(best, f1, null_odds, has_answer)
+  return float(thresh) if switched else -math.inf
 
 
 def find_best_thresh(predictions: dict, scores: dict, na_probs: dict,

@@ -44,6 +44,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.finetune.squad import evaluate as squad_eval
 from albert_jax.finetune.squad import head as squad_head
+from albert_jax.finetune.squad import official
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 
@@ -264,6 +265,8 @@ class SquadTask(Task):
     if v2_head not in V2_HEADS:
       raise ValueError(f"data.v2_head={v2_head!r}; choose one of {V2_HEADS}.")
     self.head_kind = v2_head if self.version_2 else "span"
+    # v2.0: the no-answer threshold of the last evaluation (`describe`).
+    self.null_threshold = None
 
   def load(self, split: str, tokenizer, max_seq_length: int) -> Split:
     records = read_tfds(self.name, split, self.data_dir, self.download)
@@ -327,8 +330,23 @@ class SquadTask(Task):
     golds = dict(zip(split.examples.ids, split.examples.answers))
     if not self.version_2:
       return squad_eval.squad_v1_metrics(answers.best, golds), answers.best
+    self.null_threshold = official.null_threshold(
+        answers.best, answers.null_odds, golds)
     return squad_eval.tune_null_threshold(answers.best, answers.null_odds,
                                           golds)
+
+  def describe(self) -> dict:
+    """The head and featurization settings; for v2.0 also the no-answer
+    threshold tuned by the last evaluation (the one the prediction files
+    use), None before any."""
+    return {"task_type": "question_answering", "labels": None,
+            "head_kind": self.head_kind, "version_2": self.version_2,
+            "start_n_top": self.start_n_top, "end_n_top": self.end_n_top,
+            "doc_stride": self.doc_stride,
+            "max_query_length": self.max_query_length,
+            "n_best_size": self.n_best_size,
+            "max_answer_length": self.max_answer_length,
+            "null_threshold": self.null_threshold}
 
   def evaluate(self, predictions: dict, split: Split) -> dict[str, float]:
     metrics, _ = self._final(self.answers(predictions, split), split)

@@ -1,0 +1,647 @@
+"""A fine-tuned model, reloaded: predictions on new text, and files of them.
+
+A fine-tuning run (`albert_jax.finetune.run`) records in its workdir what
+prediction needs beside the checkpoints: `task.json` (the task's type,
+label names, head and featurization settings and the resolved model
+config) and `tokenizer/` (the vocabulary it was featurized with). `load`
+reads them and one checkpoint's parameters (the newest, the best by the
+task's metric, or step N) into a `FineTuned`, whose `predict` takes raw
+text:
+
+  classification, regression: a text or a (text, text) pair →
+    {"label", "probability", "probabilities", "logits"} or {"score"}.
+  multiple_choice: (context, endings) or (context, question, endings) →
+    {"choice", "answer", "probabilities", "logits"}.
+  question_answering: (question, context) → {"answer", "start", "end",
+    "probability", "score"} (characters [start, end) of the context), and
+    for v2.0-style heads "null_odds" and "no_answer".
+  token_classification: a text → {"entities": [{"text", "label", "start",
+    "end"}], "words", "tags"}.
+
+Inputs are featurized exactly as the task featurized its data, padded to
+its `max_seq_length` and run in fixed-size batches, so a model's
+predictions on its own eval rows are the run's eval predictions.
+`predict_file` streams a TSV/CSV/JSONL(.gz) file into a JSONL file of
+predictions (`python -m albert_jax.predict`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import json
+import logging
+import os
+import sys
+from typing import Any, Iterable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from albert_jax import storage
+from albert_jax.finetune import batching
+from albert_jax.finetune import classification
+from albert_jax.finetune import race
+from albert_jax.finetune import tabular
+from albert_jax.finetune import tagging
+from albert_jax.finetune.squad import evaluate as squad_eval
+from albert_jax.finetune.squad import head as squad_head
+from albert_jax.finetune.squad import task as squad_task
+from albert_jax.finetune.task import FineTuneModel
+from albert_jax.finetune.task import INPUT_KEYS
+from albert_jax.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+TASK_FILE = "task.json"
+TOKENIZER_DIR = "tokenizer"
+TASK_TYPES = ("classification", "regression", "multiple_choice",
+              "question_answering", "token_classification")
+
+
+class PredictError(ValueError):
+  """Inputs a fine-tuned model cannot predict on, with the fix."""
+
+
+################################################################################
+# Recording (the fine-tuning run) and loading.
+################################################################################
+
+
+def record(workdir: str, task, model_config: ModelConfig, tokenizer,
+           max_seq_length: int, lm_head: bool) -> None:
+  """Writes `task.json` and `tokenizer/` into a fine-tuning workdir (process
+  0; nothing for a task whose `describe` is None)."""
+  info = task.describe()
+  if info is None or jax.process_index() != 0:
+    return
+  root = storage.path(workdir)
+  if not (root / TOKENIZER_DIR).exists():
+    tokenizer.save(root / TOKENIZER_DIR)
+  storage.write_atomic(root / TASK_FILE, json.dumps(
+      {"task": task.name, **info, "max_seq_length": int(max_seq_length),
+       "lm_head": bool(lm_head), "model": model_config.to_dict()},
+      indent=2))
+
+
+def is_finetune_workdir(path: str) -> bool:
+  """Whether `path` holds a fine-tuning run's `task.json`."""
+  return storage.path(os.fspath(path)).joinpath(TASK_FILE).is_file()
+
+
+def head_for(info: dict, cfg: ModelConfig):
+  """The task head `info` (a `task.json`) describes."""
+  kind = info["task_type"]
+  if kind in ("classification", "regression"):
+    return classification.ClassifierHead(
+        cfg, 1 if kind == "regression" else len(info["labels"]))
+  if kind == "multiple_choice":
+    return race.MultipleChoiceHead(cfg)
+  if kind == "question_answering":
+    if info["head_kind"] == "official":
+      return squad_head.AlbertV2Head(cfg, info["start_n_top"],
+                                     info["end_n_top"])
+    return squad_head.SpanHead(cfg)
+  if kind == "token_classification":
+    return tagging.TokenClassifierHead(cfg, len(info["labels"]))
+  raise PredictError(f"Unknown task_type {kind!r} in {TASK_FILE}; this "
+                     f"version of albert_jax predicts {TASK_TYPES}.")
+
+
+def _example_batch(info: dict) -> dict[str, np.ndarray]:
+  """One row of zeros of the task's input shapes (for the params' shapes)."""
+  t = info["max_seq_length"]
+  shape = (1, 2, t) if info["task_type"] == "multiple_choice" else (1, t)
+  batch = {k: np.zeros(shape, np.int32) for k in INPUT_KEYS}
+  if info["task_type"] == "question_answering":
+    batch["p_mask"] = np.zeros(shape, bool)
+  return batch
+
+
+def best_step(path: str) -> int:
+  """The best checkpoint's step of a fine-tuning workdir, as its run chose
+  it (`final_metrics.json`'s "best_step").
+
+  Raises:
+    FileNotFoundError: the run has not finished (no final_metrics.json).
+  """
+  metrics = storage.path(path) / "final_metrics.json"
+  if not metrics.is_file():
+    raise FileNotFoundError(
+        f"{path} has no final_metrics.json yet, which names the best "
+        "checkpoint once the run finishes; load step=None (the newest) or "
+        "step=N.")
+  return int(json.loads(metrics.read_text())["best_step"])
+
+
+def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
+  """A fine-tuning workdir's model, head and tokenizer.
+
+  Args:
+    path: the workdir, local or gs://.
+    step: None (the newest checkpoint), "best" (the run's best by its
+      metric) or a step number.
+    **overrides: ModelConfig fields to change (dtype="bfloat16",
+      attention_impl="xla"); shape-defining ones must match the weights.
+
+  Raises:
+    CheckpointError: no task.json, tokenizer or checkpoint, or weights that
+      do not fit.
+  """
+  from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
+  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  root = storage.path(path)
+  try:
+    info = json.loads((root / TASK_FILE).read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{path}/{TASK_FILE} cannot be read ({e}); a "
+                          "fine-tuning run writes it when it starts.") from e
+  try:
+    cfg = ModelConfig.from_dict({**info["model"], **overrides})
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f"{path}/{TASK_FILE}: the model config with "
+                          f"overrides {overrides} is not valid: {e}") from e
+  tokenizer = Tokenizer.find_in(root / TOKENIZER_DIR)
+  if tokenizer is None:
+    raise CheckpointError(f"{path} has no {TOKENIZER_DIR}/ holding the "
+                          "vocabulary the run featurized its data with.")
+  module = FineTuneModel(cfg, head_for(info, cfg),
+                         lm_head=info.get("lm_head", False))
+  abstract = _unbox(jax.eval_shape(
+      lambda batch: module.init(jax.random.key(0), batch,
+                                deterministic=True),
+      _example_batch(info)))["params"]
+  try:
+    wanted = best_step(path) if step == "best" else step
+    params, restored = checkpoints.restore_params(path, abstract,
+                                                  step=wanted)
+  except FileNotFoundError as e:
+    raise CheckpointError(f"Fine-tuning workdir {path}: {e}") from e
+  except (checkpoints.CheckpointShapeError,
+          checkpoints.UnreadableCheckpointError) as e:
+    raise CheckpointError(f"Fine-tuning workdir {path}: {e}") from e
+  return FineTuned(task=info["task"], task_type=info["task_type"],
+                   labels=info.get("labels"), model_config=cfg,
+                   params=params, tokenizer=tokenizer, settings=info,
+                   step=restored, path=path)
+
+
+def _unbox(tree):
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(tree)
+
+
+################################################################################
+# The model.
+################################################################################
+
+
+@dataclasses.dataclass
+class FineTuned:
+  """A fine-tuned model: encoder, task head, tokenizer and what the task is.
+
+  Attributes:
+    task: the task's name ("files", "glue/mrpc", "squad/v2.0", ...).
+    task_type: one of TASK_TYPES.
+    labels: the label (tag) names in class order; None for regression,
+      multiple choice and question answering.
+    model_config: the encoder's ModelConfig.
+    params: {"albert": encoder, "head": task head} parameters.
+    tokenizer: the vocabulary the run featurized with.
+    settings: the recorded `task.json` (max_seq_length, the head's and the
+      featurization's settings).
+    step: the checkpoint's step.
+    path: the workdir (or HF directory) it was loaded from.
+  """
+  task: str
+  task_type: str
+  labels: Any
+  model_config: ModelConfig
+  params: Any
+  tokenizer: Any
+  settings: dict
+  step: int | None = None
+  path: str | None = None
+
+  def __post_init__(self):
+    self.params = _unbox(self.params)
+    self.labels = None if self.labels is None else tuple(self.labels)
+    self.module = FineTuneModel(self.model_config,
+                                head_for(self.settings, self.model_config),
+                                lm_head=self.settings.get("lm_head", False))
+    module = self.module
+    self._apply = jax.jit(lambda p, b: module.apply({"params": p}, b,
+                                                    deterministic=True))
+
+  @property
+  def max_seq_length(self) -> int:
+    return int(self.settings["max_seq_length"])
+
+  def __call__(self, features: dict[str, np.ndarray],
+               batch_size: int = 32) -> dict[str, np.ndarray]:
+    """The head's outputs on featurized rows, run in batches.
+
+    Args:
+      features: INPUT_KEYS [N, T] ([N, C, T] for multiple choice) and, for
+        question answering, "p_mask" [N, T].
+      batch_size: rows per forward pass (the last batch is padded).
+
+    Returns:
+      The head's outputs as NumPy arrays with leading dim N (e.g. "logits"
+      [N, L]; "start_logits" and "end_logits" [N, T]).
+    """
+    keys = INPUT_KEYS + (("p_mask",) if "p_mask" in features else ())
+    inputs = {k: features[k] for k in keys}
+    n = int(inputs["input_ids"].shape[0])
+    if n == 0:
+      raise PredictError("Nothing to predict: no inputs were given.")
+    # Fewer rows than a batch: the next power of two, so a handful of
+    # inputs neither pads to a full batch nor compiles for every count.
+    rows = min(int(batch_size), 1 << (n - 1).bit_length())
+    parts = []
+    for batch in batching.ArrayBatches(inputs, rows).eval_batches():
+      batch.pop("weights")
+      parts.append(jax.device_get(self._apply(self.params, batch)))
+    return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+
+  def to_hf(self, path: str, model_type: str | None = None) -> None:
+    """Writes a transformers task checkpoint (`{Family}For{Task}`, e.g.
+    AlbertForSequenceClassification) with id2label / label2id; see
+    `albert_jax.finetune.hf_export`.
+
+    Raises:
+      ValueError: the head or family has no transformers class.
+    """
+    from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
+    hf_export.to_hf(self, path, model_type)
+
+  def predict(self, inputs, batch_size: int = 32, **options):
+    """Predictions on raw inputs (see the module docstring for each type).
+
+    Args:
+      inputs: one input, or a list of inputs (a batch).
+      batch_size: rows per forward pass.
+      **options: question answering takes `null_threshold` (v2.0 heads: an
+        answer is dropped where its null odds exceed it; default the
+        threshold the run tuned on its eval split, else 0).
+
+    Returns:
+      One dict per input (a list for a list of inputs), JSON-serialisable.
+
+    Raises:
+      PredictError: inputs of the wrong form for the task type.
+    """
+    single = not isinstance(inputs, list)
+    items = [inputs] if single else inputs
+    if not items:
+      return []
+    out = _PREDICTORS[self.task_type](self, items, batch_size, **options)
+    return out[0] if single else out
+
+
+def _texts(item, columns: Sequence[str]) -> tuple[str, str | None]:
+  """(text, second text or None) of a classification input."""
+  if isinstance(item, str):
+    return item, None
+  if isinstance(item, dict):
+    missing = [c for c in columns if c not in item]
+    if missing:
+      raise PredictError(f"Input {item!r} lacks {missing}; this model reads "
+                         f"{list(columns)}.")
+    values = [item[c] for c in columns]
+  else:
+    values = list(item) if isinstance(item, tuple) else None
+  if (not values or len(values) > 2
+      or not all(isinstance(v, str) for v in values)):
+    raise PredictError(
+        f"A classification input is a text, a (text, text) pair or a dict "
+        f"with {list(columns)}; got {item!r}.")
+  return values[0], values[1] if len(values) > 1 else None
+
+
+def _classify(model: FineTuned, items, batch_size: int) -> list[dict]:
+  # None: a checkpoint from transformers, which takes texts and pairs.
+  recorded = model.settings.get("text_columns")
+  columns = recorded or ["text", "text_pair"]
+  pairs = [_texts(item, columns) for item in items]
+  has_b = {b is not None for _, b in pairs}
+  if len(has_b) > 1:
+    raise PredictError("Some inputs are pairs and some single texts; "
+                       "predict them in separate calls.")
+  want_pair = len(columns) == 2 if recorded else has_b == {True}
+  if has_b != {want_pair}:
+    raise PredictError(
+        "This model was fine-tuned on "
+        + ("text pairs; give (text, text) pairs." if want_pair
+           else "single texts; give one text per input."))
+  features = classification.encode_texts(
+      model.tokenizer, [a for a, _ in pairs],
+      [b for _, b in pairs] if want_pair else None, model.max_seq_length)
+  logits = model(features, batch_size)["logits"].astype(np.float64)
+  if model.task_type == "regression":
+    return [{"score": float(row[0])} for row in logits]
+  probs = _softmax(logits)
+  out = []
+  for p, row in zip(probs, logits):
+    k = int(np.argmax(row))
+    out.append({"label": model.labels[k], "probability": float(p[k]),
+                "probabilities": dict(zip(model.labels, map(float, p))),
+                "logits": [float(x) for x in row]})
+  return out
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+  """Row-wise softmax in float64. [..., K] → [..., K]."""
+  x = np.asarray(x, np.float64)
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _choice_record(item, settings: dict) -> dict:
+  """A multiple-choice input as race.featurize's record."""
+  if isinstance(item, dict):
+    context = item.get(settings.get("context_column") or "context",
+                       item.get("context"))
+    question = item.get(settings.get("question_column") or "question", "")
+    choices = item.get("choices")
+    if choices is None and settings.get("choice_columns"):
+      choices = [item.get(c) for c in settings["choice_columns"]]
+    if choices is None and settings.get("choices_column"):
+      choices = item.get(settings["choices_column"])
+  elif isinstance(item, tuple) and len(item) in (2, 3):
+    context, question, choices = (item[0], "", item[1]) if len(item) == 2 \
+        else item
+  else:
+    context = question = choices = None
+  if (not isinstance(context, str) or not isinstance(question or "", str)
+      or not isinstance(choices, (list, tuple)) or len(choices) < 2
+      or not all(isinstance(c, str) for c in choices)):
+    raise PredictError(
+        "A multiple-choice input is (context, [choice, ...]), (context, "
+        "question, [choice, ...]) or a dict with 'context', 'choices' and "
+        f"optionally 'question'; two or more choices. Got {item!r}.")
+  return {"article": context, "question": question or "",
+          "options": list(choices), "label": -1}
+
+
+def _choose(model: FineTuned, items, batch_size: int) -> list[dict]:
+  records = [_choice_record(item, model.settings) for item in items]
+  out: list[dict | None] = [None] * len(records)
+  # Rows with the same number of choices share one [N, C, T] array.
+  by_count: dict[int, list[int]] = {}
+  for i, rec in enumerate(records):
+    by_count.setdefault(len(rec["options"]), []).append(i)
+  for indices in by_count.values():
+    features = race.featurize([records[i] for i in indices], model.tokenizer,
+                              model.max_seq_length,
+                              model.settings.get("max_qa_length", 128))
+    logits = model(features, batch_size)["logits"].astype(np.float64)
+    for i, row, p in zip(indices, logits, _softmax(logits)):
+      k = int(np.argmax(row))
+      out[i] = {"choice": k, "answer": records[i]["options"][k],
+                "probabilities": [float(x) for x in p],
+                "logits": [float(x) for x in row]}
+  return out
+
+
+def _qa_record(i: int, item) -> dict:
+  if isinstance(item, dict):
+    question, context = item.get("question"), item.get("context")
+  elif isinstance(item, tuple) and len(item) == 2:
+    question, context = item
+  else:
+    question = context = None
+  if not isinstance(question, str) or not isinstance(context, str):
+    raise PredictError("A question-answering input is (question, context) "
+                       "or a dict with 'question' and 'context'; got "
+                       f"{item!r}.")
+  return {"id": str(i), "question": question, "context": context,
+          "answers": [], "answer_starts": [], "is_impossible": False}
+
+
+def _answer(model: FineTuned, items, batch_size: int,
+            null_threshold: float | None = None) -> list[dict]:
+  s = model.settings
+  records = [_qa_record(i, item) for i, item in enumerate(items)]
+  features, examples, _ = squad_task.featurize(
+      records, model.tokenizer, model.max_seq_length, s["doc_stride"],
+      s["max_query_length"])
+  outputs = model(features, batch_size)
+  if s["head_kind"] == "official":
+    answers = squad_eval.beam_answers(outputs, examples, s["n_best_size"],
+                                      s["max_answer_length"])
+  else:
+    answers = squad_eval.span_answers(
+        outputs["start_logits"], outputs["end_logits"], examples,
+        s["n_best_size"], s["max_answer_length"], with_null=s["version_2"])
+  if null_threshold is None:
+    null_threshold = s.get("null_threshold")
+  if null_threshold is None:
+    null_threshold = 0.0
+  names = (("start_log_prob", "end_log_prob") if s["head_kind"] == "official"
+           else ("start_logit", "end_logit"))
+  out = []
+  for rec in records:
+    qid = rec["id"]
+    nbest = answers.nbest[qid]
+    k = next((j for j, x in enumerate(nbest) if x["text"]), None)
+    entry = {"answer": "", "start": None, "end": None, "probability": 0.0,
+             "score": None}
+    if k is not None:
+      start, end = answers.offsets[qid][k]
+      entry.update(answer=nbest[k]["text"], start=int(start), end=int(end),
+                   probability=float(nbest[k]["probability"]),
+                   score=float(nbest[k][names[0]] + nbest[k][names[1]]))
+    if answers.null_odds is not None:
+      odds = float(answers.null_odds[qid])
+      entry["null_odds"] = odds
+      entry["no_answer"] = k is None or odds > null_threshold
+      if entry["no_answer"]:
+        entry.update(answer="", start=None, end=None)
+    out.append(entry)
+  return out
+
+
+def _tag_input(item) -> tuple[str, list[str], list[tuple[int, int]]]:
+  """(text, words, word spans) of a tagging input: a text, or a dict with
+  "text" or "tokens" (words, joined with spaces)."""
+  if isinstance(item, dict) and isinstance(item.get("tokens"), list):
+    words = [str(w) for w in item["tokens"]]
+    text = " ".join(words)
+    spans, at = [], 0
+    for w in words:
+      spans.append((at, at + len(w)))
+      at += len(w) + 1
+    return text, words, spans
+  text = item.get("text") if isinstance(item, dict) else item
+  if not isinstance(text, str):
+    raise PredictError("A tagging input is a text, or a dict with 'text' or "
+                       f"'tokens' (a list of words); got {item!r}.")
+  words, spans = tagging.split_words(text)
+  return text, words, spans
+
+
+def _tag(model: FineTuned, items, batch_size: int) -> list[dict]:
+  parsed = [_tag_input(item) for item in items]
+  features = tagging.encode_words(model.tokenizer, [p[1] for p in parsed],
+                                  model.max_seq_length)
+  first = features.pop("first")
+  logits = model(features, batch_size)["logits"]
+  tags = tagging.word_tags(np.argmax(logits, -1), first,
+                           [len(p[1]) for p in parsed], model.labels)
+  return [{"entities": tagging.entities(text, spans, t), "words": words,
+           "tags": t} for (text, words, spans), t in zip(parsed, tags)]
+
+
+_PREDICTORS = {"classification": _classify, "regression": _classify,
+               "multiple_choice": _choose, "question_answering": _answer,
+               "token_classification": _tag}
+
+
+################################################################################
+# Files of inputs → JSONL predictions.
+################################################################################
+
+
+def _row_input(row: dict, task_type: str, settings: dict,
+               columns: Sequence[str] | None):
+  """A file row as `predict`'s input."""
+  if task_type in ("classification", "regression"):
+    names = list(columns or settings.get("text_columns") or ["text"])
+    missing = [c for c in names if c not in row]
+    if missing:
+      raise PredictError(f"no column {missing[0]!r} (columns: "
+                         f"{sorted(row)}); name the text columns with "
+                         "--columns.")
+    values = [row[c] for c in names]
+    return values[0] if len(values) == 1 else tuple(values)
+  if task_type == "multiple_choice" and columns:
+    return {"context": row.get(columns[0]), "choices": [
+        row.get(c) for c in columns[1:]]}
+  if task_type == "multiple_choice" and isinstance(row.get("choices"), str):
+    return {**row, "choices": json.loads(row["choices"])}
+  if task_type == "question_answering" and columns:
+    return {"question": row.get(columns[0]), "context": row.get(columns[1])}
+  if task_type == "token_classification" and columns:
+    return {"text": row.get(columns[0])}
+  return row
+
+
+def _chunks(rows: Iterable, size: int) -> Iterator[list]:
+  chunk = []
+  for row in rows:
+    chunk.append(row)
+    if len(chunk) == size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+def predict_file(model: FineTuned, input_path: str, output_path: str, *,
+                 columns: Sequence[str] | None = None,
+                 header: Sequence[str] | None = None, batch_size: int = 32,
+                 chunk_rows: int = 1024, progress: bool = True) -> int:
+  """Streams a TSV/CSV/JSONL(.gz) file's rows through `model.predict` into
+  a JSONL file, one {"row": i, ...prediction} line per input row.
+
+  At most `chunk_rows` rows are held at a time, so memory stays bounded
+  whatever the file's size. Columns default to those the task was trained
+  on (classification: its text columns; question answering: "question"
+  and "context"; multiple choice: "context", "question", "choices" or the
+  trained ending columns; tagging: "text" or "tokens"). An output ending in
+  .gz is gzipped. Both paths may be gs://.
+
+  Returns:
+    The number of rows predicted.
+
+  Raises:
+    PredictError: a row the model cannot read (names its line).
+  """
+  rows = tabular.iter_rows(input_path, header, "--input")
+  total = 0
+  bar = _progress(progress, input_path)
+  with storage.path(output_path).open("wb") as raw, (
+      gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
+      if os.fspath(output_path).endswith(".gz")
+      else contextlib.nullcontext(raw)) as out:
+    for chunk in _chunks(rows, chunk_rows):
+      inputs = []
+      for line, row in chunk:
+        try:
+          inputs.append(_row_input(row, model.task_type, model.settings,
+                                   columns))
+        except (PredictError, json.JSONDecodeError) as e:
+          raise PredictError(f"{input_path}, line {line}: {e}") from None
+      try:
+        results = model.predict(inputs, batch_size=batch_size)
+      except PredictError as e:
+        raise PredictError(f"{input_path}, lines {chunk[0][0]}-"
+                           f"{chunk[-1][0]}: {e}") from None
+      text = "".join(json.dumps({"row": total + i, **r}, ensure_ascii=False)
+                     + "\n" for i, r in enumerate(results))
+      out.write(text.encode("utf-8"))
+      total += len(results)
+      if bar is not None:
+        bar.update(len(results))
+  if bar is not None:
+    bar.close()
+  return total
+
+
+def _progress(enabled: bool, what: str):
+  """A tqdm bar counting rows on stderr, or None."""
+  if not enabled:
+    return None
+  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm.tqdm(desc=os.path.basename(os.fspath(what)), unit=" rows",
+                   file=sys.stderr, mininterval=1.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m albert_jax.predict --model=DIR --input=FILE --output=FILE`."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m albert_jax.predict",
+      description="Predicts with a fine-tuned model on a TSV/CSV/JSONL(.gz) "
+      "file, writing one JSON line per row.")
+  parser.add_argument("--model", required=True,
+                      help="a fine-tuning workdir (local or gs://)")
+  parser.add_argument("--input", required=True,
+                      help="TSV, CSV or JSONL, optionally .gz")
+  parser.add_argument("--output", required=True,
+                      help="JSONL (.jsonl or .jsonl.gz)")
+  parser.add_argument("--step", default=None,
+                      help="'best', a step number, or the newest (default)")
+  parser.add_argument("--columns", default=None,
+                      help="comma-separated input columns, in the order the "
+                      "task reads them (default: the trained ones)")
+  parser.add_argument("--header", default=None,
+                      help="comma-separated column names of a TSV/CSV "
+                      "without a header row")
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--no_progress", action="store_true")
+  args = parser.parse_args(argv)
+  from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
+  step = args.step
+  if step not in (None, "best"):
+    try:
+      step = int(step)
+    except ValueError:
+      parser.error(f"--step={step!r}: give 'best' or a step number.")
+  try:
+    model = load(args.model, step)
+    count = predict_file(
+        model, args.input, args.output,
+        columns=args.columns.split(",") if args.columns else None,
+        header=args.header.split(",") if args.header else None,
+        batch_size=args.batch_size, progress=not args.no_progress)
+  except (CheckpointError, PredictError, tabular.FileFormatError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"{count} predictions written to {args.output} (step {model.step} "
+        f"of {args.model}).", file=sys.stderr)
+  return 0

@@ -1,0 +1,280 @@
+"""Reloading fine-tuned models: `load_pretrained(workdir)` → `.predict` on
+raw text agrees with the run's own eval predictions, for every task type;
+the prediction CLI on a small file; `embed` on a pre-training model."""
+
+import gzip
+import json
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+import albert_jax
+from albert_jax import config_lib
+from albert_jax import storage
+from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune import run as ft
+from albert_jax.interop import CheckpointError
+
+# Every run compiles the same few programs; later runs read them back.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
+SEQ = 32
+WORDS = ("war peace taxes union congress year strong proud bad new sea "
+         "ship king city river").split()
+
+
+def _config(task, tiny_spm, steps=4, **data):
+  c = config_lib.finetune_config(
+      task, learning_rate=3e-3, batch_size=8, num_train_steps=steps,
+      warmup_steps=1, max_seq_length=SEQ, dropout=0.0)
+  for k, v in config_lib.tiny_model(vocab_size=300,
+                                    max_position_embeddings=SEQ).items():
+    c.model[k] = v
+  c.model.classifier_dropout_prob = 0.0
+  c.data.tokenizer = tiny_spm
+  c.data.update(data)
+  c.log_every_steps = steps
+  c.eval_every_steps = c.checkpoint_every_steps = steps // 2
+  c.async_checkpoints = False
+  c.fast_compile = True
+  return c
+
+
+def _sentence(rng, n=5):
+  return " ".join(rng.choice(WORDS, n))
+
+
+def _write(path, lines):
+  path.write_text("".join(lines), encoding="utf-8")
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, tiny_spm):
+  """(workdir, eval texts, result) of a 3-label classification run."""
+  d = tmp_path_factory.mktemp("classify")
+  rng = np.random.default_rng(0)
+  rows = [(_sentence(rng), "abc"[i % 3]) for i in range(30)]
+  header = ["text\tlabel\n"]
+  train = _write(d / "train.tsv", header + [f"{t}\t{l}\n" for t, l in rows])
+  evals = rows[:7]
+  evalf = _write(d / "eval.tsv", header + [f"{t}\t{l}\n" for t, l in evals])
+  config = _config("files", tiny_spm, train_file=train, eval_file=evalf,
+                   text_column="text", label_column="label")
+  result = ft.run(config, str(d / "work"))
+  return str(d / "work"), [t for t, _ in evals], result
+
+
+def _eval_predictions(workdir, name="eval_predictions.tsv"):
+  lines = (storage.path(workdir) / "predictions" / name).read_text()
+  return [line.split("\t") for line in lines.splitlines()[1:]]
+
+
+def test_classifier_round_trip(classifier):
+  workdir, texts, result = classifier
+  model = albert_jax.load_pretrained(workdir)
+  assert isinstance(model, predict_lib.FineTuned)
+  assert (model.task, model.task_type, model.labels) == (
+      "files", "classification", ("a", "b", "c"))
+  assert model.step == 4
+  got = model.predict(texts)
+  want = [row[1] for row in _eval_predictions(workdir)]
+  assert [g["label"] for g in got] == want
+  for g in got:
+    assert set(g) == {"label", "probability", "probabilities", "logits"}
+    assert g["probability"] == max(g["probabilities"].values())
+    assert abs(sum(g["probabilities"].values()) - 1) < 1e-9
+  one = model.predict(texts[0])
+  assert one["label"] == want[0]
+  np.testing.assert_allclose(one["logits"], got[0]["logits"], rtol=0,
+                             atol=1e-5)
+  best = albert_jax.load_pretrained(workdir, step="best")
+  assert best.step == result["best_step"]
+  assert albert_jax.load_pretrained(workdir, step=2).step == 2
+
+
+def test_classifier_errors(classifier, tmp_path):
+  workdir, texts, _ = classifier
+  model = albert_jax.load_pretrained(workdir)
+  with pytest.raises(predict_lib.PredictError,
+                     match=r"fine-tuned on single texts"):
+    model.predict([("a", "b")])
+  with pytest.raises(CheckpointError, match=r"No checkpoint at step 3"):
+    albert_jax.load_pretrained(workdir, step=3)
+  with pytest.raises(CheckpointError, match=r"step='best' applies to "
+                     "fine-tuning workdirs"):
+    albert_jax.load_pretrained(str(tmp_path), step="best")
+
+
+def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
+  workdir, texts, _ = classifier
+  rows = "".join(json.dumps({"text": t, "id": i}) + "\n"
+                 for i, t in enumerate(texts))
+  source = tmp_path / "in.jsonl.gz"
+  source.write_bytes(gzip.compress(rows.encode()))
+  out = tmp_path / "out.jsonl"
+  assert predict_lib.main([f"--model={workdir}", f"--input={source}",
+                           f"--output={out}", "--batch_size=4",
+                           "--no_progress"]) == 0
+  lines = [json.loads(x) for x in out.read_text().splitlines()]
+  assert [x["row"] for x in lines] == list(range(len(texts)))
+  assert [x["label"] for x in lines] == [
+      row[1] for row in _eval_predictions(workdir)]
+  assert capsys.readouterr().err.startswith(
+      f"{len(texts)} predictions written to {out} (step 4 of {workdir}).")
+  bad = tmp_path / "bad.tsv"
+  bad.write_text("words\nhello\n")
+  assert predict_lib.main([f"--model={workdir}", f"--input={bad}",
+                           f"--output={out}", "--no_progress"]) == 2
+  assert capsys.readouterr().err == (
+      f"error: {bad}, line 2: no column 'text' (columns: ['words']); name "
+      "the text columns with --columns.\n")
+
+
+################################################################################
+# Question answering (SQuAD v2.0, ALBERT's official head).
+################################################################################
+
+
+def _fake_squad(rows):
+  """A TFDS `as_dataset` serving `rows` through the builder's own
+  serialisation."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def as_dataset(self, *args, split, **kwargs):
+    del args, kwargs, split
+    features = self.info.features
+    data = [features.serialize_example(r) for r in rows]
+    return tf.data.Dataset.from_tensor_slices(data).map(
+        features.deserialize_example)
+  return as_dataset
+
+
+def _squad_rows(n, seed):
+  rng = np.random.default_rng(seed)
+  rows = []
+  for i in range(n):
+    context = _sentence(rng, 30)
+    words = context.split()
+    start = int(rng.integers(0, 25))
+    answer = " ".join(words[start:start + 2]) if i % 3 else ""
+    at = len(" ".join(words[:start])) + (start > 0)
+    rows.append({
+        "id": f"q{seed}-{i}", "title": "t", "context": context,
+        "question": f"where is the {words[start]} ?",
+        "answers": {"text": [answer] if answer else [],
+                    "answer_start": [at] if answer else []},
+        "is_impossible": not answer,
+        "plausible_answers": {"text": [], "answer_start": []}})
+  return rows
+
+
+def test_question_answering_round_trip(tmp_path, tiny_spm):
+  train, dev = _squad_rows(16, 0), _squad_rows(6, 1)
+  config = _config("squad/v2.0", tiny_spm, doc_stride=8, max_query_length=8,
+                   n_best_size=5, max_answer_length=6, v2_head="official",
+                   tfds_download=False, start_n_top=3, end_n_top=3)
+  served = {"train": train, "validation": dev}
+
+  def as_dataset(self, *args, split, **kwargs):
+    return _fake_squad(served[split])(self, *args, split=split, **kwargs)
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    ft.run(config, str(tmp_path))
+  want = json.loads((tmp_path / "predictions" / "predictions.json")
+                    .read_text())
+  model = albert_jax.load_pretrained(str(tmp_path), step="best")
+  assert (model.task, model.task_type, model.labels) == (
+      "squad/v2.0", "question_answering", None)
+  got = model.predict([(r["question"], r["context"]) for r in dev])
+  assert {r["id"]: g["answer"] for r, g in zip(dev, got)} == want
+  for r, g in zip(dev, got):
+    assert set(g) == {"answer", "start", "end", "probability", "score",
+                      "null_odds", "no_answer"}
+    if g["no_answer"]:
+      assert (g["answer"], g["start"], g["end"]) == ("", None, None)
+    else:
+      assert r["context"][g["start"]:g["end"]] == g["answer"]
+  # Without a threshold no answer is dropped but those with no valid span.
+  kept = model.predict([(r["question"], r["context"]) for r in dev],
+                       null_threshold=float("inf"))
+  for g in kept:
+    assert g["no_answer"] == (g["score"] is None)
+
+
+################################################################################
+# Multiple choice on files, and token classification.
+################################################################################
+
+
+def test_multiple_choice_round_trip(tmp_path, tiny_spm):
+  rng = np.random.default_rng(2)
+
+  def rows(n):
+    out = []
+    for i in range(n):
+      endings = [_sentence(rng, 3) for _ in range(3)]
+      out.append({"context": _sentence(rng, 8), "start": "then the",
+                  "endings": endings, "label": i % 3})
+    return out
+  train, dev = rows(16), rows(5)
+  for name, data in (("train", train), ("eval", dev)):
+    _write(tmp_path / f"{name}.jsonl", [json.dumps(r) + "\n" for r in data])
+  config = _config("choice/files", tiny_spm,
+                   train_file=str(tmp_path / "train.jsonl"),
+                   eval_file=str(tmp_path / "eval.jsonl"),
+                   context_column="context", question_column="start",
+                   choices_column="endings", label_column="label",
+                   max_qa_length=12)
+  ft.run(config, str(tmp_path / "work"))
+  model = albert_jax.load_pretrained(str(tmp_path / "work"))
+  assert (model.task, model.task_type) == ("choice/files", "multiple_choice")
+  want = [int(r[1]) for r in _eval_predictions(str(tmp_path / "work"))]
+  got = model.predict([(r["context"], r["start"], r["endings"]) for r in dev])
+  assert [g["choice"] for g in got] == want
+  assert [g["answer"] for g in got] == [r["endings"][k]
+                                        for r, k in zip(dev, want)]
+  # The trained columns are what a file row is read by.
+  assert model.predict([{k: r[k] for k in ("context", "start", "endings")}
+                        for r in dev]) == got
+
+
+CONLL_TAGS = ("O", "B-PER", "I-PER", "B-LOC")
+
+
+def _conll_sentences(n, seed):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    words = list(rng.choice(WORDS, 6))
+    tags = list(rng.choice(CONLL_TAGS, 6))
+    out.append((words, tags))
+  return out
+
+
+def test_token_classification_round_trip(tmp_path, tiny_spm):
+  files = {}
+  for name, seed, n in (("train", 3, 16), ("eval", 4, 5)):
+    lines = ["-DOCSTART- -X- -X- O\n", "\n"]
+    for words, tags in _conll_sentences(n, seed):
+      lines += [f"{w} NN B-NP {t}\n" for w, t in zip(words, tags)] + ["\n"]
+    files[f"{name}_file"] = _write(tmp_path / f"{name}.txt", lines)
+  config = _config("ner/files", tiny_spm, **files)
+  result = ft.run(config, str(tmp_path / "work"))
+  assert {"eval_precision", "eval_recall", "eval_f1",
+          "eval_accuracy"} <= set(result)
+  model = albert_jax.load_pretrained(str(tmp_path / "work"))
+  assert (model.task_type, model.labels) == (
+      "token_classification", ("O", "B-LOC", "B-PER", "I-PER"))
+  lines = (tmp_path / "work" / "predictions" / "eval_predictions.txt"
+           ).read_text().split("\n\n")
+  want = [[line.split()[2] for line in block.splitlines()]
+          for block in lines if block.strip()]
+  sentences = [" ".join(w) for w, _ in _conll_sentences(5, 4)]
+  got = model.predict(sentences)
+  assert [g["tags"] for g in got] == want
+  for text, g in zip(sentences, got):
+    for e in g["entities"]:
+      assert text[e["start"]:e["end"]] == e["text"]
+      assert e["label"] in ("PER", "LOC")
