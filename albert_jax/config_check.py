@@ -176,12 +176,44 @@ def problems(config: Mapping[str, Any]) -> list[str]:
   return out
 
 
+# The held-out metrics a pre-training run can keep its best checkpoint by:
+# higher is better for each (the checkpoint manager keeps the maximum).
+BEST_METRICS = {
+    "masked_lm": ("mlm_accuracy", "sop_accuracy"),
+    "causal_lm": ("lm_accuracy",),
+    "electra": ("mlm_accuracy", "rtd_accuracy", "rtd_precision",
+                "rtd_recall"),
+}
+
+
+def _best_metric_problem(config: Mapping[str, Any]) -> str | None:
+  """A pre-training config's best_metric must be one its run reports (a
+  misspelt one used to turn best-checkpoint keeping off silently)."""
+  present, name = _get(config, "best_metric")
+  kind = _get(config, "pretraining")[1]
+  if not present or not name or kind not in BEST_METRICS:
+    return None
+  allowed = list(BEST_METRICS[kind])
+  if kind == "masked_lm" and _get(config, "data.objective")[1] == "none":
+    allowed.remove("sop_accuracy")  # no sentence task, no such metric
+  if name in allowed:
+    return None
+  close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  return (f"config.best_metric={name!r} is not a metric a {kind} run "
+          f"reports{hint}; choose one of {tuple(allowed)}, or '' to keep no "
+          f"best checkpoint, e.g. --config.best_metric={allowed[0]}")
+
+
 def check(config: Mapping[str, Any]) -> None:
   """Raises ConfigError listing every value of `config` that cannot run,
   including the optimizer's (`optimizer.check`) and, for a fine-tuning
   config, its own fine-tuning stage (`config.finetune`)."""
   from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
   found, cause = problems(config), None
+  best = _best_metric_problem(config) if not found else None
+  if best:
+    found.append(best)
   try:
     optimizer.check(config)
   except ValueError as e:

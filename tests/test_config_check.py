@@ -206,3 +206,18 @@ def test_an_objective_other_than_the_prepared_datas_is_refused(
       "--objective nsp.")
   c.data.objective = "sop"
   assert pipeline.ensure_dataset(c, "/unused", None) == data_dir
+
+
+def test_a_misspelt_best_metric_is_refused_with_the_closest():
+  c = load("tiny")
+  c.best_metric = "mlm_acuracy"
+  assert message(c) == (
+      "config.best_metric='mlm_acuracy' is not a metric a masked_lm run "
+      "reports (did you mean 'mlm_accuracy'?); choose one of ('mlm_accuracy', "
+      "'sop_accuracy'), or '' to keep no best checkpoint, e.g. "
+      "--config.best_metric=mlm_accuracy.")
+  c = load("roberta_base", "size=tiny")  # no sentence task
+  c.best_metric = "sop_accuracy"
+  assert "choose one of ('mlm_accuracy',)" in message(c)
+  c.best_metric = ""
+  config_check.check(c)
