@@ -20,21 +20,21 @@ text:
 
 Inputs are featurized exactly as the task featurized its data, padded to
 its `max_seq_length` and run in fixed-size batches, so a model's
-predictions on its own eval rows are the run's eval predictions.
-`predict_file` streams a TSV/CSV/JSONL(.gz) file into a JSONL file of
-predictions (`python -m albert_jax.predict`).
+predictions on its own eval rows are the run's eval predictions
+(`albert_jax.finetune.predict_tasks` encodes and decodes each task type).
+`albert_jax.finetune.predict_files.predict_file` streams a
+TSV/CSV/JSONL(.gz) file into a JSONL file of predictions; `main` is its
+command line (`python -m albert_jax.predict`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gzip
 import json
 import logging
 import os
 import sys
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -42,12 +42,13 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.finetune import batching
 from albert_jax.finetune import classification
+from albert_jax.finetune import predict_files
+from albert_jax.finetune import predict_tasks
 from albert_jax.finetune import race
 from albert_jax.finetune import tabular
 from albert_jax.finetune import tagging
-from albert_jax.finetune.squad import evaluate as squad_eval
+from albert_jax.finetune.predict_tasks import PredictError
 from albert_jax.finetune.squad import head as squad_head
-from albert_jax.finetune.squad import task as squad_task
 from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import INPUT_KEYS
 from albert_jax.model.config import ModelConfig
@@ -58,10 +59,6 @@ TASK_FILE = "task.json"
 TOKENIZER_DIR = "tokenizer"
 TASK_TYPES = ("classification", "regression", "multiple_choice",
               "question_answering", "token_classification")
-
-
-class PredictError(ValueError):
-  """Inputs a fine-tuned model cannot predict on, with the fix."""
 
 
 ################################################################################
@@ -298,307 +295,13 @@ class FineTuned:
     items = [inputs] if single else inputs
     if not items:
       return []
-    out = _PREDICTORS[self.task_type](self, items, batch_size, **options)
+    out = predict_tasks.predict(self, items, batch_size, **options)
     return out[0] if single else out
 
 
-def _texts(item, columns: Sequence[str]) -> tuple[str, str | None]:
-  """(text, second text or None) of a classification input."""
-  if isinstance(item, str):
-    return item, None
-  if isinstance(item, dict):
-    missing = [c for c in columns if c not in item]
-    if missing:
-      raise PredictError(f"Input {item!r} lacks {missing}; this model reads "
-                         f"{list(columns)}.")
-    values = [item[c] for c in columns]
-  else:
-    values = list(item) if isinstance(item, tuple) else None
-  if (not values or len(values) > 2
-      or not all(isinstance(v, str) for v in values)):
-    raise PredictError(
-        f"A classification input is a text, a (text, text) pair or a dict "
-        f"with {list(columns)}; got {item!r}.")
-  return values[0], values[1] if len(values) > 1 else None
-
-
-def _classify(model: FineTuned, items, batch_size: int) -> list[dict]:
-  # None: a checkpoint from transformers, which takes texts and pairs.
-  recorded = model.settings.get("text_columns")
-  columns = recorded or ["text", "text_pair"]
-  pairs = [_texts(item, columns) for item in items]
-  has_b = {b is not None for _, b in pairs}
-  if len(has_b) > 1:
-    raise PredictError("Some inputs are pairs and some single texts; "
-                       "predict them in separate calls.")
-  want_pair = len(columns) == 2 if recorded else has_b == {True}
-  if has_b != {want_pair}:
-    raise PredictError(
-        "This model was fine-tuned on "
-        + ("text pairs; give (text, text) pairs." if want_pair
-           else "single texts; give one text per input."))
-  features = classification.encode_texts(
-      model.tokenizer, [a for a, _ in pairs],
-      [b for _, b in pairs] if want_pair else None, model.max_seq_length)
-  logits = model(features, batch_size)["logits"].astype(np.float64)
-  if model.task_type == "regression":
-    return [{"score": float(row[0])} for row in logits]
-  probs = _softmax(logits)
-  out = []
-  for p, row in zip(probs, logits):
-    k = int(np.argmax(row))
-    out.append({"label": model.labels[k], "probability": float(p[k]),
-                "probabilities": dict(zip(model.labels, map(float, p))),
-                "logits": [float(x) for x in row]})
-  return out
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-  """Row-wise softmax in float64. [..., K] → [..., K]."""
-  x = np.asarray(x, np.float64)
-  e = np.exp(x - x.max(-1, keepdims=True))
-  return e / e.sum(-1, keepdims=True)
-
-
-def _choice_record(item, settings: dict) -> dict:
-  """A multiple-choice input as race.featurize's record."""
-  if isinstance(item, dict):
-    context = item.get(settings.get("context_column") or "context",
-                       item.get("context"))
-    question = item.get(settings.get("question_column") or "question", "")
-    choices = item.get("choices")
-    if choices is None and settings.get("choice_columns"):
-      choices = [item.get(c) for c in settings["choice_columns"]]
-    if choices is None and settings.get("choices_column"):
-      choices = item.get(settings["choices_column"])
-  elif isinstance(item, tuple) and len(item) in (2, 3):
-    context, question, choices = (item[0], "", item[1]) if len(item) == 2 \
-        else item
-  else:
-    context = question = choices = None
-  if (not isinstance(context, str) or not isinstance(question or "", str)
-      or not isinstance(choices, (list, tuple)) or len(choices) < 2
-      or not all(isinstance(c, str) for c in choices)):
-    raise PredictError(
-        "A multiple-choice input is (context, [choice, ...]), (context, "
-        "question, [choice, ...]) or a dict with 'context', 'choices' and "
-        f"optionally 'question'; two or more choices. Got {item!r}.")
-  return {"article": context, "question": question or "",
-          "options": list(choices), "label": -1}
-
-
-def _choose(model: FineTuned, items, batch_size: int) -> list[dict]:
-  records = [_choice_record(item, model.settings) for item in items]
-  out: list[dict | None] = [None] * len(records)
-  # Rows with the same number of choices share one [N, C, T] array.
-  by_count: dict[int, list[int]] = {}
-  for i, rec in enumerate(records):
-    by_count.setdefault(len(rec["options"]), []).append(i)
-  for indices in by_count.values():
-    features = race.featurize([records[i] for i in indices], model.tokenizer,
-                              model.max_seq_length,
-                              model.settings.get("max_qa_length", 128))
-    logits = model(features, batch_size)["logits"].astype(np.float64)
-    for i, row, p in zip(indices, logits, _softmax(logits)):
-      k = int(np.argmax(row))
-      out[i] = {"choice": k, "answer": records[i]["options"][k],
-                "probabilities": [float(x) for x in p],
-                "logits": [float(x) for x in row]}
-  return out
-
-
-def _qa_record(i: int, item) -> dict:
-  if isinstance(item, dict):
-    question, context = item.get("question"), item.get("context")
-  elif isinstance(item, tuple) and len(item) == 2:
-    question, context = item
-  else:
-    question = context = None
-  if not isinstance(question, str) or not isinstance(context, str):
-    raise PredictError("A question-answering input is (question, context) "
-                       "or a dict with 'question' and 'context'; got "
-                       f"{item!r}.")
-  return {"id": str(i), "question": question, "context": context,
-          "answers": [], "answer_starts": [], "is_impossible": False}
-
-
-def _answer(model: FineTuned, items, batch_size: int,
-            null_threshold: float | None = None) -> list[dict]:
-  s = model.settings
-  records = [_qa_record(i, item) for i, item in enumerate(items)]
-  features, examples, _ = squad_task.featurize(
-      records, model.tokenizer, model.max_seq_length, s["doc_stride"],
-      s["max_query_length"])
-  outputs = model(features, batch_size)
-  if s["head_kind"] == "official":
-    answers = squad_eval.beam_answers(outputs, examples, s["n_best_size"],
-                                      s["max_answer_length"])
-  else:
-    answers = squad_eval.span_answers(
-        outputs["start_logits"], outputs["end_logits"], examples,
-        s["n_best_size"], s["max_answer_length"], with_null=s["version_2"])
-  if null_threshold is None:
-    null_threshold = s.get("null_threshold")
-  if null_threshold is None:
-    null_threshold = 0.0
-  names = (("start_log_prob", "end_log_prob") if s["head_kind"] == "official"
-           else ("start_logit", "end_logit"))
-  out = []
-  for rec in records:
-    qid = rec["id"]
-    nbest = answers.nbest[qid]
-    k = next((j for j, x in enumerate(nbest) if x["text"]), None)
-    entry = {"answer": "", "start": None, "end": None, "probability": 0.0,
-             "score": None}
-    if k is not None:
-      start, end = answers.offsets[qid][k]
-      entry.update(answer=nbest[k]["text"], start=int(start), end=int(end),
-                   probability=float(nbest[k]["probability"]),
-                   score=float(nbest[k][names[0]] + nbest[k][names[1]]))
-    if answers.null_odds is not None:
-      odds = float(answers.null_odds[qid])
-      entry["null_odds"] = odds
-      entry["no_answer"] = k is None or odds > null_threshold
-      if entry["no_answer"]:
-        entry.update(answer="", start=None, end=None)
-    out.append(entry)
-  return out
-
-
-def _tag_input(item) -> tuple[str, list[str], list[tuple[int, int]]]:
-  """(text, words, word spans) of a tagging input: a text, or a dict with
-  "text" or "tokens" (words, joined with spaces)."""
-  if isinstance(item, dict) and isinstance(item.get("tokens"), list):
-    words = [str(w) for w in item["tokens"]]
-    text = " ".join(words)
-    spans, at = [], 0
-    for w in words:
-      spans.append((at, at + len(w)))
-      at += len(w) + 1
-    return text, words, spans
-  text = item.get("text") if isinstance(item, dict) else item
-  if not isinstance(text, str):
-    raise PredictError("A tagging input is a text, or a dict with 'text' or "
-                       f"'tokens' (a list of words); got {item!r}.")
-  words, spans = tagging.split_words(text)
-  return text, words, spans
-
-
-def _tag(model: FineTuned, items, batch_size: int) -> list[dict]:
-  parsed = [_tag_input(item) for item in items]
-  features = tagging.encode_words(model.tokenizer, [p[1] for p in parsed],
-                                  model.max_seq_length)
-  first = features.pop("first")
-  logits = model(features, batch_size)["logits"]
-  tags = tagging.word_tags(np.argmax(logits, -1), first,
-                           [len(p[1]) for p in parsed], model.labels)
-  return [{"entities": tagging.entities(text, spans, t), "words": words,
-           "tags": t} for (text, words, spans), t in zip(parsed, tags)]
-
-
-_PREDICTORS = {"classification": _classify, "regression": _classify,
-               "multiple_choice": _choose, "question_answering": _answer,
-               "token_classification": _tag}
-
-
 ################################################################################
-# Files of inputs → JSONL predictions.
+# The command line.
 ################################################################################
-
-
-def _row_input(row: dict, task_type: str, settings: dict,
-               columns: Sequence[str] | None):
-  """A file row as `predict`'s input."""
-  if task_type in ("classification", "regression"):
-    names = list(columns or settings.get("text_columns") or ["text"])
-    missing = [c for c in names if c not in row]
-    if missing:
-      raise PredictError(f"no column {missing[0]!r} (columns: "
-                         f"{sorted(row)}); name the text columns with "
-                         "--columns.")
-    values = [row[c] for c in names]
-    return values[0] if len(values) == 1 else tuple(values)
-  if task_type == "multiple_choice" and columns:
-    return {"context": row.get(columns[0]), "choices": [
-        row.get(c) for c in columns[1:]]}
-  if task_type == "multiple_choice" and isinstance(row.get("choices"), str):
-    return {**row, "choices": json.loads(row["choices"])}
-  if task_type == "question_answering" and columns:
-    return {"question": row.get(columns[0]), "context": row.get(columns[1])}
-  if task_type == "token_classification" and columns:
-    return {"text": row.get(columns[0])}
-  return row
-
-
-def _chunks(rows: Iterable, size: int) -> Iterator[list]:
-  chunk = []
-  for row in rows:
-    chunk.append(row)
-    if len(chunk) == size:
-      yield chunk
-      chunk = []
-  if chunk:
-    yield chunk
-
-
-def predict_file(model: FineTuned, input_path: str, output_path: str, *,
-                 columns: Sequence[str] | None = None,
-                 header: Sequence[str] | None = None, batch_size: int = 32,
-                 chunk_rows: int = 1024, progress: bool = True) -> int:
-  """Streams a TSV/CSV/JSONL(.gz) file's rows through `model.predict` into
-  a JSONL file, one {"row": i, ...prediction} line per input row.
-
-  At most `chunk_rows` rows are held at a time, so memory stays bounded
-  whatever the file's size. Columns default to those the task was trained
-  on (classification: its text columns; question answering: "question"
-  and "context"; multiple choice: "context", "question", "choices" or the
-  trained ending columns; tagging: "text" or "tokens"). An output ending in
-  .gz is gzipped. Both paths may be gs://.
-
-  Returns:
-    The number of rows predicted.
-
-  Raises:
-    PredictError: a row the model cannot read (names its line).
-  """
-  rows = tabular.iter_rows(input_path, header, "--input")
-  total = 0
-  bar = _progress(progress, input_path)
-  with storage.path(output_path).open("wb") as raw, (
-      gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
-      if os.fspath(output_path).endswith(".gz")
-      else contextlib.nullcontext(raw)) as out:
-    for chunk in _chunks(rows, chunk_rows):
-      inputs = []
-      for line, row in chunk:
-        try:
-          inputs.append(_row_input(row, model.task_type, model.settings,
-                                   columns))
-        except (PredictError, json.JSONDecodeError) as e:
-          raise PredictError(f"{input_path}, line {line}: {e}") from None
-      try:
-        results = model.predict(inputs, batch_size=batch_size)
-      except PredictError as e:
-        raise PredictError(f"{input_path}, lines {chunk[0][0]}-"
-                           f"{chunk[-1][0]}: {e}") from None
-      text = "".join(json.dumps({"row": total + i, **r}, ensure_ascii=False)
-                     + "\n" for i, r in enumerate(results))
-      out.write(text.encode("utf-8"))
-      total += len(results)
-      if bar is not None:
-        bar.update(len(results))
-  if bar is not None:
-    bar.close()
-  return total
-
-
-def _progress(enabled: bool, what: str):
-  """A tqdm bar counting rows on stderr, or None."""
-  if not enabled:
-    return None
-  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm.tqdm(desc=os.path.basename(os.fspath(what)), unit=" rows",
-                   file=sys.stderr, mininterval=1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -634,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"--step={step!r}: give 'best' or a step number.")
   try:
     model = load(args.model, step)
-    count = predict_file(
+    count = predict_files.predict_file(
         model, args.input, args.output,
         columns=args.columns.split(",") if args.columns else None,
         header=args.header.split(",") if args.header else None,

@@ -1,13 +1,16 @@
 """Reading and writing other codebases' checkpoints.
 
 Modules:
-  layout: the tensor tables that drive every conversion, and shape checks.
+  tensor_map: the tensor tables that drive every conversion, and shape
+    checks.
   hf_config: HF `config.json` ↔ ModelConfig for ALBERT, BERT, RoBERTa and
     ELECTRA.
   hf_albert, hf_bert: HF tensor names ↔ albert_jax parameters.
   hf_files: safetensors (single or sharded) and weights-only torch files.
   tf_checkpoint: google-research/albert TF1 release directories.
-  workdir_loading: albert_jax training workdirs.
+  workdir: albert_jax training workdirs.
+  sources: which of those a path is, and loading it.
+  text_inputs: text → padded id rows for `Pretrained` (masks, pairs).
 
 `albert_jax.interop.hf` and `albert_jax.interop.pretrained` are the public entry points.
 

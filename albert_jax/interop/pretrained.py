@@ -1,23 +1,14 @@
 """`load_pretrained`: one call from a checkpoint directory to a usable model.
 
-Accepts:
-  * a directory written by transformers' `save_pretrained` for ALBERT
-    (`AlbertForPreTraining`, `AlbertForMaskedLM`, `AlbertModel`), BERT
-    (`BertForPreTraining`, `BertForMaskedLM`, `BertForNextSentencePrediction`,
-    `BertModel`), RoBERTa (`RobertaForMaskedLM`, `RobertaModel`) or ELECTRA
-    (`ElectraForPreTraining`, `ElectraForMaskedLM`, `ElectraModel`). Weights
-    are read from safetensors; nothing is ever unpickled (see
-    `albert_jax.interop.hf_files`).
-  * a google-research/albert TF1 release directory (`albert_config.json`,
-    `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
-  * an albert_jax training workdir (the trainer's `config.json` and
-    `checkpoints/`).
-  * an albert_jax fine-tuning workdir (its `task.json`, `tokenizer/` and
-    `checkpoints/`): the model with its task head, as a
-    `albert_jax.finetune.predict.FineTuned` whose `predict` takes raw text.
-
-`Pretrained.to_hf` writes any of the HF layouts back. Directories are local
-(`~` expanded) or `gs://BUCKET/...`.
+It reads an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
+ELECTRA), a google-research/albert TF1 release or an albert_jax training
+workdir into a `Pretrained` (config, parameters, tokenizer and a forward
+call, with `fill_mask` and `embed`), and a fine-tuning workdir or a
+transformers task checkpoint into an
+`albert_jax.finetune.predict.FineTuned`; `albert_jax.interop.sources` tells
+the kinds apart and reads each, and `albert_jax.interop.text_inputs` encodes
+text for `fill_mask` and `embed`. `Pretrained.to_hf` writes any of the HF
+layouts back. Directories are local (`~` expanded) or `gs://BUCKET/...`.
 """
 
 from __future__ import annotations
@@ -27,7 +18,6 @@ import functools
 import json
 import logging
 import os
-import re
 from typing import Any
 
 import jax
@@ -35,12 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.interop import CheckpointError
 from albert_jax.interop import child
 from albert_jax.interop import hf
-from albert_jax.interop import tensor_map
-from albert_jax.interop import tf_checkpoint
-from albert_jax.interop import workdir as workdir_lib
+from albert_jax.interop import sources
+from albert_jax.interop import text_inputs
 from albert_jax.interop.hf_files import read_state_dict
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
@@ -157,7 +145,8 @@ class Pretrained:
           "checkpoint that holds one, e.g. an HF *ForMaskedLM or "
           "*ForPreTraining directory, an official ALBERT release or an "
           "albert_jax pre-training workdir.")
-    ids, positions = self._mask_input_ids(text)
+    ids, positions = text_inputs.mask_input_ids(
+        self.tokenizer, text, self.model_config.max_position_embeddings)
     vocab = self.model_config.vocab_size
     if (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
         or not 1 <= top_k <= vocab):
@@ -185,52 +174,6 @@ class Pretrained:
             "probabilities": top_probs, "positions": positions,
             "input_ids": np.asarray(ids),
             "filled_text": tok.decode(filled[1:-1])}
-
-  def _mask_input_ids(self, text: str) -> tuple[list[int], np.ndarray]:
-    """`[CLS] text [SEP]` ids with each mask marker as the mask id, and the
-    masks' positions [num_masks]."""
-    tok = self.tokenizer
-    if tok is None:
-      raise ValueError(
-          "fill_mask needs the checkpoint's tokenizer, and this one has no "
-          "vocabulary file; set `.tokenizer = Tokenizer.from_file(...)` "
-          "(albert_jax.text.tokenizer) to its spiece.model, vocab.txt or "
-          "tokenizer.json first.")
-    mask_id = tok.mask_id
-    if mask_id is None:  # RoBERTa-style vocabularies spell it "<mask>".
-      i = tok.piece_to_id("<mask>")
-      mask_id = i if i is not None and tok.id_to_piece(i) == "<mask>" else None
-    if mask_id is None or tok.cls_id is None or tok.sep_id is None:
-      raise ValueError(
-          f"The tokenizer ({tok.path or 'in memory'}) lacks a mask, [CLS] or "
-          "[SEP] piece (ids: mask "
-          f"{mask_id}, cls {tok.cls_id}, sep {tok.sep_id}), so it cannot "
-          "build masked-LM inputs; use the checkpoint's own ALBERT/BERT "
-          "vocabulary.")
-    if not isinstance(text, str):
-      raise ValueError(f"fill_mask takes one text (str); got "
-                       f"{type(text).__name__}.")
-    piece = tok.id_to_piece(mask_id)
-    markers = sorted({"[MASK]", piece}, key=len, reverse=True)
-    parts = re.split("|".join(map(re.escape, markers)), text)
-    if len(parts) == 1:
-      raise ValueError(
-          f"The text has no mask marker: write {piece!r} where a token should "
-          f"be predicted, e.g. 'The capital of France is {piece}.'; got "
-          f"{text!r}.")
-    ids, positions = [tok.cls_id], []
-    for i, part in enumerate(parts):
-      if i:
-        positions.append(len(ids))
-        ids.append(mask_id)
-      ids += tok.encode(part)
-    ids.append(tok.sep_id)
-    limit = self.model_config.max_position_embeddings
-    if len(ids) > limit:
-      raise ValueError(
-          f"The text encodes to {len(ids)} tokens with [CLS] and [SEP], more "
-          f"than the model's {limit} positions; shorten it.")
-    return ids, np.asarray(positions, np.int64)
 
   def embed(self, texts, pooling: str = "mean",
             batch_size: int = 32) -> np.ndarray:
@@ -265,25 +208,12 @@ class Pretrained:
     single = not isinstance(texts, list)
     items = [texts] if single else texts
     limit = self.model_config.max_position_embeddings
-    encoded = []
-    for item in items:
-      a, b = (item, None) if isinstance(item, str) else item
-      enc = self.tokenizer.encode_pair(a, b)
-      if len(enc["input_ids"]) > limit:
-        raise ValueError(f"An input encodes to {len(enc['input_ids'])} "
-                         f"tokens, more than the model's {limit} positions; "
-                         "shorten it.")
-      encoded.append(enc)
+    encoded = text_inputs.encode_pairs(self.tokenizer, items, limit)
     pad = self.tokenizer.pad_id or 0
     out = []
     for start in range(0, len(encoded), batch_size):
-      rows = encoded[start:start + batch_size]
-      length = min(limit, -(-max(len(r["input_ids"]) for r in rows) // 32)
-                   * 32)
-      arrays = {k: np.asarray([r[k] + [fill] * (length - len(r[k]))
-                               for r in rows], np.int32)
-                for k, fill in (("input_ids", pad), ("token_type_ids", 0),
-                                ("attention_mask", 0))}
+      arrays = text_inputs.pad_rows(encoded[start:start + batch_size], pad,
+                                    limit)
       result = self(arrays["input_ids"], arrays["token_type_ids"],
                     arrays["attention_mask"])
       if pooling == "pooled":
@@ -395,109 +325,11 @@ def load_pretrained(path: str, step: int | str | None = None,
       tensors), or electra_part for anything but an ELECTRA workdir.
   """
   path = os.fspath(path)
-  if not storage.path(path).is_dir():
-    raise CheckpointError(
-        f"{path} is not a directory" + (" (no object is stored under it)."
-                                        if storage.is_remote(path) else "."))
-  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
-  if predict_lib.is_finetune_workdir(path):
-    if "electra_part" in overrides:
-      raise CheckpointError(
-          f"electra_part applies to ELECTRA pre-training workdirs; {path} "
-          "is a fine-tuning workdir, which holds one encoder.")
-    return predict_lib.load(path, step, **overrides)
-  if step == "best":
-    raise CheckpointError(
-        f"step='best' applies to fine-tuning workdirs (their run's best "
-        f"checkpoint by the task's metric); {path} is not one (it has no "
-        f"{predict_lib.TASK_FILE}).")
-  workdir_config = workdir_lib.read_workdir_config(path)
-  if workdir_config is not None and workdir_config.get("job") == "finetune":
-    raise CheckpointError(
-        f"{path} is a fine-tuning workdir without "
-        f"{predict_lib.TASK_FILE}, which albert_jax writes there since it "
-        "reloads fine-tuned models; rerun the fine-tuning with this "
-        "version (it resumes from the newest checkpoint and records it).")
-  if workdir_config is not None:
-    loaded = workdir_lib.load(path, workdir_config, step, overrides)
-    return Pretrained(config=_to_config_dict(loaded["model_config"]),
-                      **loaded)
-  if "electra_part" in overrides:
-    raise CheckpointError(
-        f"electra_part={overrides['electra_part']!r} applies to ELECTRA "
-        f"training workdirs only (an albert_jax workdir of a "
-        f"pretraining='electra' run, which stores generator and "
-        f"discriminator together); {path} is not a training workdir. An HF "
-        "ELECTRA directory holds one part already (ElectraForPreTraining: "
-        "the discriminator, ElectraForMaskedLM: the generator): load it "
-        "without electra_part.")
-  if tf_checkpoint.is_release_dir(path):
-    loaded = tf_checkpoint.load(path, step, overrides)
-    return _finish(path, "albert", **loaded)
-  if step is not None:
-    raise CheckpointError(
-        f"step={step} applies to albert_jax training workdirs and TF "
-        f"checkpoints; {path} is neither (it has no trainer config.json with "
-        f"checkpoints/ and no {tf_checkpoint.CONFIG_FILE}).")
-  if not storage.path(child(path, "config.json")).exists():
-    raise CheckpointError(
-        f"{path} has no config.json; expected a directory written by "
-        "transformers' save_pretrained, or an official ALBERT release "
-        f"with {tf_checkpoint.CONFIG_FILE}.")
-  note = f" (with overrides {overrides})" if overrides else ""
-  try:
-    hf_config = hf.read_config(path)
-    model_type = hf.model_type_of(hf_config)
-    from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
-    task_type = hf_export.task_type_of(hf_config)
-  except (ValueError, TypeError) as e:
-    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
-  if task_type is not None:
-    try:
-      fields = hf_export.from_hf(path, hf_config, task_type, overrides,
-                                 read_state_dict(path))
-    except (ValueError, KeyError, TypeError) as e:
-      raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
-    return predict_lib.FineTuned(tokenizer=_tokenizer(path), **fields)
-  try:
-    cfg = hf.config_from_hf(hf_config)
-    if overrides:
-      cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
-  except (ValueError, TypeError) as e:
-    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
-  state = read_state_dict(path)
-  try:
-    params, parts = hf.params_from_hf(state, cfg, model_type)
-  except ValueError as e:
-    raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
-  return _finish(path, model_type, model_config=cfg, params=params,
-                 parts=parts, step=None, source=f"Checkpoint {path}")
-
-
-def _finish(path: str, model_type: str, *, model_config: ModelConfig,
-            params, parts, step, source: str) -> Pretrained:
-  """Checks converted weights against the model and builds `Pretrained`."""
-  cfg = model_config
-  if parts["sop"] and not parts["pooler"]:
-    raise CheckpointError(
-        f"{source} has a sentence-order head but no pooler, which that head "
-        "reads; it is not a layout transformers writes.")
-  heads = tuple(h for h in albert_lib.ALL_HEADS if parts.get(h))
-  expected = albert_lib.abstract_params(cfg, parts["pooler"], heads)
-  tensor_map.check_shapes(params, expected, source)
-  missing = tuple(p for p in hf.PARTS[model_type] if not parts[p])
-  if missing:
+  loaded = sources.load(path, step, overrides)
+  if not isinstance(loaded, dict):  # A fine-tuned model, with its task head.
+    return loaded
+  if loaded["missing"]:
     log.warning("%s has no weights for %s; those outputs are not produced "
-                "(nothing is initialised randomly).", path, ", ".join(missing))
-  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
-  return Pretrained(config=_to_config_dict(cfg), model_config=cfg,
-                    params=params, tokenizer=_tokenizer(path), heads=heads,
-                    pooler=parts["pooler"], missing=missing, step=step,
-                    model_type=model_type)
-
-
-def _tokenizer(path: str):
-  """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt,
-  *.model), or None."""
-  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
-  return Tokenizer.find_in(path)
+                "(nothing is initialised randomly).", path,
+                ", ".join(loaded["missing"]))
+  return Pretrained(config=_to_config_dict(loaded["model_config"]), **loaded)

@@ -1,0 +1,115 @@
+"""Files of inputs → JSONL files of a fine-tuned model's predictions.
+
+`predict_file` streams a TSV/CSV/JSONL(.gz) file's rows, a chunk at a time,
+through `FineTuned.predict` (`albert_jax.finetune.predict`) into a JSONL
+file; `python -m albert_jax.predict` is its command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import sys
+from typing import Iterable, Iterator, Sequence
+
+from albert_jax import storage
+from albert_jax.finetune import tabular
+from albert_jax.finetune.predict_tasks import PredictError
+
+
+def _row_input(row: dict, task_type: str, settings: dict,
+               columns: Sequence[str] | None):
+  """A file row as `predict`'s input."""
+  if task_type in ("classification", "regression"):
+    names = list(columns or settings.get("text_columns") or ["text"])
+    missing = [c for c in names if c not in row]
+    if missing:
+      raise PredictError(f"no column {missing[0]!r} (columns: "
+                         f"{sorted(row)}); name the text columns with "
+                         "--columns.")
+    values = [row[c] for c in names]
+    return values[0] if len(values) == 1 else tuple(values)
+  if task_type == "multiple_choice" and columns:
+    return {"context": row.get(columns[0]), "choices": [
+        row.get(c) for c in columns[1:]]}
+  if task_type == "multiple_choice" and isinstance(row.get("choices"), str):
+    return {**row, "choices": json.loads(row["choices"])}
+  if task_type == "question_answering" and columns:
+    return {"question": row.get(columns[0]), "context": row.get(columns[1])}
+  if task_type == "token_classification" and columns:
+    return {"text": row.get(columns[0])}
+  return row
+
+
+def _chunks(rows: Iterable, size: int) -> Iterator[list]:
+  chunk = []
+  for row in rows:
+    chunk.append(row)
+    if len(chunk) == size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+def predict_file(model, input_path: str, output_path: str, *,
+                 columns: Sequence[str] | None = None,
+                 header: Sequence[str] | None = None, batch_size: int = 32,
+                 chunk_rows: int = 1024, progress: bool = True) -> int:
+  """Streams a TSV/CSV/JSONL(.gz) file's rows through `model.predict` (a
+  `FineTuned`'s) into a JSONL file, one {"row": i, ...prediction} line per
+  input row.
+
+  At most `chunk_rows` rows are held at a time, so memory stays bounded
+  whatever the file's size. Columns default to those the task was trained
+  on (classification: its text columns; question answering: "question"
+  and "context"; multiple choice: "context", "question", "choices" or the
+  trained ending columns; tagging: "text" or "tokens"). An output ending in
+  .gz is gzipped. Both paths may be gs://.
+
+  Returns:
+    The number of rows predicted.
+
+  Raises:
+    PredictError: a row the model cannot read (names its line).
+  """
+  rows = tabular.iter_rows(input_path, header, "--input")
+  total = 0
+  bar = _progress(progress, input_path)
+  with storage.path(output_path).open("wb") as raw, (
+      gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
+      if os.fspath(output_path).endswith(".gz")
+      else contextlib.nullcontext(raw)) as out:
+    for chunk in _chunks(rows, chunk_rows):
+      inputs = []
+      for line, row in chunk:
+        try:
+          inputs.append(_row_input(row, model.task_type, model.settings,
+                                   columns))
+        except (PredictError, json.JSONDecodeError) as e:
+          raise PredictError(f"{input_path}, line {line}: {e}") from None
+      try:
+        results = model.predict(inputs, batch_size=batch_size)
+      except PredictError as e:
+        raise PredictError(f"{input_path}, lines {chunk[0][0]}-"
+                           f"{chunk[-1][0]}: {e}") from None
+      text = "".join(json.dumps({"row": total + i, **r}, ensure_ascii=False)
+                     + "\n" for i, r in enumerate(results))
+      out.write(text.encode("utf-8"))
+      total += len(results)
+      if bar is not None:
+        bar.update(len(results))
+  if bar is not None:
+    bar.close()
+  return total
+
+
+def _progress(enabled: bool, what: str):
+  """A tqdm bar counting rows on stderr, or None."""
+  if not enabled:
+    return None
+  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm.tqdm(desc=os.path.basename(os.fspath(what)), unit=" rows",
+                   file=sys.stderr, mininterval=1.0)

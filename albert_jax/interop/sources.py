@@ -1,0 +1,160 @@
+"""`load_pretrained`'s sources: which kind of checkpoint a directory holds,
+read by that kind's loader.
+
+Accepts:
+  * a directory written by transformers' `save_pretrained` for ALBERT
+    (`AlbertForPreTraining`, `AlbertForMaskedLM`, `AlbertModel`), BERT
+    (`BertForPreTraining`, `BertForMaskedLM`, `BertForNextSentencePrediction`,
+    `BertModel`), RoBERTa (`RobertaForMaskedLM`, `RobertaModel`) or ELECTRA
+    (`ElectraForPreTraining`, `ElectraForMaskedLM`, `ElectraModel`). Weights
+    are read from safetensors; nothing is ever unpickled (see
+    `albert_jax.interop.hf_files`). A transformers task checkpoint
+    (`{Family}For{Task}`) loads as a fine-tuned model.
+  * a google-research/albert TF1 release directory (`albert_config.json`,
+    `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
+  * an albert_jax training workdir (the trainer's `config.json` and
+    `checkpoints/`).
+  * an albert_jax fine-tuning workdir (its `task.json`, `tokenizer/` and
+    `checkpoints/`): the model with its task head, as a
+    `albert_jax.finetune.predict.FineTuned` whose `predict` takes raw text.
+
+Directories are local (`~` expanded) or `gs://BUCKET/...`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from albert_jax import storage
+from albert_jax.interop import CheckpointError
+from albert_jax.interop import child
+from albert_jax.interop import hf
+from albert_jax.interop import tensor_map
+from albert_jax.interop import tf_checkpoint
+from albert_jax.interop import workdir as workdir_lib
+from albert_jax.interop.hf_files import read_state_dict
+from albert_jax.model import albert as albert_lib
+from albert_jax.model.config import ModelConfig
+
+
+def load(path: str, step: int | str | None,
+         overrides: dict[str, Any]) -> Any:
+  """Reads the checkpoint directory `path` by its kind; `step` and
+  `overrides` are `albert_jax.interop.pretrained.load_pretrained`'s.
+
+  Returns:
+    For a fine-tuning workdir or a transformers task checkpoint, an
+    `albert_jax.finetune.predict.FineTuned`; otherwise the fields of a
+    `Pretrained` but its `config` (a dict of model_config, params,
+    tokenizer, heads, pooler, missing, step and model_type).
+
+  Raises:
+    CheckpointError: as `load_pretrained` says.
+  """
+  path = os.fspath(path)
+  if not storage.path(path).is_dir():
+    raise CheckpointError(
+        f"{path} is not a directory" + (" (no object is stored under it)."
+                                        if storage.is_remote(path) else "."))
+  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  if predict_lib.is_finetune_workdir(path):
+    if "electra_part" in overrides:
+      raise CheckpointError(
+          f"electra_part applies to ELECTRA pre-training workdirs; {path} "
+          "is a fine-tuning workdir, which holds one encoder.")
+    return predict_lib.load(path, step, **overrides)
+  if step == "best":
+    raise CheckpointError(
+        f"step='best' applies to fine-tuning workdirs (their run's best "
+        f"checkpoint by the task's metric); {path} is not one (it has no "
+        f"{predict_lib.TASK_FILE}).")
+  workdir_config = workdir_lib.read_workdir_config(path)
+  if workdir_config is not None and workdir_config.get("job") == "finetune":
+    raise CheckpointError(
+        f"{path} is a fine-tuning workdir without "
+        f"{predict_lib.TASK_FILE}, which albert_jax writes there since it "
+        "reloads fine-tuned models; rerun the fine-tuning with this "
+        "version (it resumes from the newest checkpoint and records it).")
+  if workdir_config is not None:
+    return workdir_lib.load(path, workdir_config, step, overrides)
+  if "electra_part" in overrides:
+    raise CheckpointError(
+        f"electra_part={overrides['electra_part']!r} applies to ELECTRA "
+        f"training workdirs only (an albert_jax workdir of a "
+        f"pretraining='electra' run, which stores generator and "
+        f"discriminator together); {path} is not a training workdir. An HF "
+        "ELECTRA directory holds one part already (ElectraForPreTraining: "
+        "the discriminator, ElectraForMaskedLM: the generator): load it "
+        "without electra_part.")
+  if tf_checkpoint.is_release_dir(path):
+    loaded = tf_checkpoint.load(path, step, overrides)
+    return _finish(path, "albert", **loaded)
+  if step is not None:
+    raise CheckpointError(
+        f"step={step} applies to albert_jax training workdirs and TF "
+        f"checkpoints; {path} is neither (it has no trainer config.json with "
+        f"checkpoints/ and no {tf_checkpoint.CONFIG_FILE}).")
+  if not storage.path(child(path, "config.json")).exists():
+    raise CheckpointError(
+        f"{path} has no config.json; expected a directory written by "
+        "transformers' save_pretrained, or an official ALBERT release "
+        f"with {tf_checkpoint.CONFIG_FILE}.")
+  note = f" (with overrides {overrides})" if overrides else ""
+  try:
+    hf_config = hf.read_config(path)
+    model_type = hf.model_type_of(hf_config)
+    from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
+    task_type = hf_export.task_type_of(hf_config)
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
+  if task_type is not None:
+    try:
+      fields = hf_export.from_hf(path, hf_config, task_type, overrides,
+                                 read_state_dict(path))
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
+    return predict_lib.FineTuned(tokenizer=_tokenizer(path), **fields)
+  try:
+    cfg = hf.config_from_hf(hf_config)
+    if overrides:
+      cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f"{path}/config.json{note}: {e}") from e
+  state = read_state_dict(path)
+  try:
+    params, parts = hf.params_from_hf(state, cfg, model_type)
+  except ValueError as e:
+    raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
+  return _finish(path, model_type, model_config=cfg, params=params,
+                 parts=parts, step=None, source=f"Checkpoint {path}")
+
+
+
+def _finish(path: str, model_type: str, *, model_config: ModelConfig,
+            params, parts, step, source: str) -> dict[str, Any]:
+  """Checks converted weights against the model; `Pretrained`'s fields but
+  its `config`."""
+  cfg = model_config
+  if parts["sop"] and not parts["pooler"]:
+    raise CheckpointError(
+        f"{source} has a sentence-order head but no pooler, which that head "
+        "reads; it is not a layout transformers writes.")
+  heads = tuple(h for h in albert_lib.ALL_HEADS if parts.get(h))
+  expected = albert_lib.abstract_params(cfg, parts["pooler"], heads)
+  tensor_map.check_shapes(params, expected, source)
+  missing = tuple(p for p in hf.PARTS[model_type] if not parts[p])
+  params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
+  return dict(model_config=cfg, params=params, tokenizer=_tokenizer(path),
+              heads=heads, pooler=parts["pooler"], missing=missing, step=step,
+              model_type=model_type)
+
+
+def _tokenizer(path: str):
+  """The directory's tokenizer (spiece.model, tokenizer.json, vocab.txt,
+  *.model), or None."""
+  from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  return Tokenizer.find_in(path)
