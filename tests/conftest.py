@@ -162,3 +162,29 @@ def gcs_bucket(gcs_emulator) -> str:
   with urllib.request.urlopen(request, timeout=10) as response:
     assert response.status == 200
   return f"gs://{name}"
+
+
+@pytest.fixture(scope="session")
+def spm_of_size(tmp_path_factory):
+  """n → the path of an n-piece SentencePiece model (trained once per n, on
+  random words over eight letters): for tests whose tiny models embed only
+  a few dozen ids and so need a tokenizer that small."""
+  import random  # pylint: disable=g-import-not-at-top
+
+  from albert_jax.text import train as text_train  # pylint: disable=g-import-not-at-top
+  made = {}
+
+  def make(n: int) -> str:
+    if n not in made:
+      d = tmp_path_factory.mktemp(f"spm{n}")
+      r = random.Random(n)
+      words = ["".join(r.choices("abcdefgh", k=r.randint(1, 5)))
+               for _ in range(400)]
+      (d / "corpus.txt").write_text(
+          "".join(" ".join(r.choices(words, k=12)) + ".\n\n"
+                  for _ in range(300)), encoding="utf-8")
+      text_train.train(str(d / "corpus.txt"), n, output=d / "spiece.model",
+                       seed=1, num_threads=1)
+      made[n] = str(d / "spiece.model")
+    return made[n]
+  return make

@@ -81,6 +81,34 @@ def lm_aux_weight(config, model_config: ModelConfig | None = None) -> float:
   return float(weight)
 
 
+def check_tokenizer(tokenizer, own, model_config: ModelConfig, path: str,
+                    init: str) -> None:
+  """Refuses a configured tokenizer whose ids would mean other words to the
+  checkpoint: more pieces than its embedding table has rows (the ids past
+  the end gave NaN losses), or, where the checkpoint has its own tokenizer,
+  other pieces for the same ids (it fine-tuned silently on the wrong
+  words)."""
+  if tokenizer.vocab_size > model_config.vocab_size:
+    raise ValueError(
+        f"config.data.tokenizer {path} has {tokenizer.vocab_size} pieces but "
+        f"the checkpoint {init} embeds {model_config.vocab_size}; use the "
+        "tokenizer it was pre-trained with (leave config.data.tokenizer "
+        "empty where the checkpoint has one).")
+  if own is None:
+    return
+  differs = next((i for i in range(min(tokenizer.vocab_size, own.vocab_size))
+                  if tokenizer.id_to_piece(i) != own.id_to_piece(i)), None)
+  if differs is not None or tokenizer.vocab_size != own.vocab_size:
+    where = (f"id {differs} is {tokenizer.id_to_piece(differs)!r} there and "
+             f"{own.id_to_piece(differs)!r} in the checkpoint's"
+             if differs is not None else
+             f"{tokenizer.vocab_size} pieces against {own.vocab_size}")
+    raise ValueError(
+        f"config.data.tokenizer {path} is not the tokenizer {init} was "
+        f"pre-trained with ({where}); leave config.data.tokenizer empty to "
+        "use the checkpoint's own.")
+
+
 def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
   """(model config, pre-trained encoder params or None, tokenizer).
 
@@ -102,6 +130,8 @@ def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
       tokenizer = run_tokenizer.load(config.data.tokenizer,
                                      "config.data.tokenizer",
                                      run_tokenizer.CONFIGURED_FIX)
+      check_tokenizer(tokenizer, pre.tokenizer, pre.model_config,
+                      config.data.tokenizer, config.init)
     parts = ("embeddings", "encoder", "pooler") + (("lm",) if lm_aux else ())
     encoder = {k: pre.params[k] for k in parts if k in pre.params}
     if "pooler" not in encoder:

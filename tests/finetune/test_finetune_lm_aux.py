@@ -4,13 +4,13 @@ train step's gradients, the pre-trained "lm" head, and the errors."""
 
 import functools
 import json
+import sys
 
 import flax.linen as nn
 import hypothesis
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
-from locations import T5_SPM
 import ml_collections
 import numpy as np
 import optax
@@ -29,8 +29,15 @@ from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
 from albert_jax.training.loop import FAST_COMPILE_OPTIONS
 
-TOKENIZER = str(T5_SPM)
+TOKENIZER = None  # set per test: a tokenizer of VOCAB pieces (below)
 VOCAB, SEQ = 64, 8
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_of_the_models_size(spm_of_size, monkeypatch):
+  """The toy model embeds VOCAB ids: its tokenizer has that many pieces
+  (fine-tuning refuses a larger one)."""
+  monkeypatch.setattr(sys.modules[__name__], "TOKENIZER", spm_of_size(VOCAB))
 LAMBDA = 0.5
 FAST = hypothesis.settings(max_examples=20, deadline=None, derandomize=True,
                            database=None)

@@ -4,11 +4,11 @@ predictions, resume, accumulation, and starting from pre-trained weights."""
 import json
 import os
 import shutil
+import sys
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from locations import T5_SPM
 import numpy as np
 import optax
 import pytest
@@ -26,9 +26,16 @@ from albert_jax.training import state as state_lib
 # Every run compiles the same few programs; the later runs read them back.
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
-TOKENIZER = str(T5_SPM)
+TOKENIZER = None  # set per test: a tokenizer of VOCAB pieces (below)
 SEQ = 16
 VOCAB = 50
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_of_the_models_size(spm_of_size, monkeypatch):
+  """The toy model embeds VOCAB ids: its tokenizer has that many pieces
+  (fine-tuning refuses a larger one)."""
+  monkeypatch.setattr(sys.modules[__name__], "TOKENIZER", spm_of_size(VOCAB))
 
 
 def toy_features(n, seed):
