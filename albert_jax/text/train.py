@@ -19,6 +19,7 @@ for Cloud Storage is trained in a local temporary directory and copied.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import random
@@ -38,6 +39,8 @@ from albert_jax.text.tokenizer import KINDS
 from albert_jax.text.tokenizer import Tokenizer
 
 Files = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+log = logging.getLogger(__name__)
 
 
 def _paths(files: Files) -> list[str]:
@@ -59,6 +62,23 @@ def _sentences(paths: Sequence[str], stats: documents_lib.ReadStats,
       if sentence:
         counts["sentences"] += 1
         yield sentence
+
+
+# The longest sentence SentencePiece trains on: paragraphs, not megabytes.
+SENTENCE_BYTES_CAP = 1 << 16
+
+
+def _max_sentence_bytes(sample: Sequence[str]) -> int:
+  """SentencePiece's max_sentence_length for `sample`: its longest
+  sentence's UTF-8 size, between SentencePiece's default and the cap; warns
+  of the sentences over the cap, which SentencePiece leaves out."""
+  sizes = [len(s.encode("utf-8")) for s in sample]
+  over = sum(n >= SENTENCE_BYTES_CAP for n in sizes)
+  if over:
+    log.warning("%d of %d sentences are over %d bytes and are left out of "
+                "the vocabulary's training (they are still tokenised).",
+                over, len(sizes), SENTENCE_BYTES_CAP)
+  return min(max([4192] + [n + 1 for n in sizes]), SENTENCE_BYTES_CAP)
 
 
 def _describe(paths: Sequence[str]) -> str:
@@ -123,8 +143,10 @@ def train_sentencepiece(
       (the README used 1e7), bounding memory on big corpora; <=0: all.
       SentencePiece's own limit on a sentence's length (4192 bytes, over
       which it drops sentences silently, or fails when all are longer) is
-      raised to the longest sampled sentence, so a corpus of one paragraph
-      per line trains on every line.
+      raised to the longest sampled sentence up to `SENTENCE_BYTES_CAP`, so
+      a corpus of one paragraph per line trains on every line; longer
+      sentences (a megabyte line would make training take minutes) are
+      left out of the vocabulary's training with a warning.
     seed: drives the sample and SentencePiece's own RNG.
     num_threads: SentencePiece trainer threads.
     do_lower_case, keep_accents: preprocessing, identical to `encode`'s.
@@ -157,8 +179,7 @@ def train_sentencepiece(
       user_defined_symbols=list(user_symbols), byte_fallback=byte_fallback,
       character_coverage=0.99995, input_sentence_size=0,
       shuffle_input_sentence=False, num_threads=num_threads,
-      max_sentence_length=max([4192] + [len(s.encode("utf-8")) + 1
-                                        for s in sample]),
+      max_sentence_length=_max_sentence_bytes(sample),
       minloglevel=0 if verbose else 2)
   spm.set_random_generator_seed(seed)
   try:

@@ -40,3 +40,17 @@ def test_too_many_pieces_names_the_setting_and_the_limit(tmp_path):
       "); lower it (config.model.vocab_size when a run trains its own "
       "tokenizer, --vocab_size for albert_jax.text.train) or train on more "
       "text.")
+
+
+def test_a_megabyte_sentence_is_left_out_with_a_warning(tmp_path, caplog):
+  """Paragraphs are trained on; a sentence over the cap (here 100 KB) is
+  not (it would make training take minutes), and the log says so."""
+  corpus = _paragraph_corpus(tmp_path / "c.txt")
+  with open(corpus, "a", encoding="utf-8") as f:
+    f.write("w1 " * 34_000 + ".\n\n")
+  with caplog.at_level("WARNING", logger="albert_jax.text.train"):
+    _, stats = train.train_sentencepiece(
+        corpus, 100, output=tmp_path / "s.model", num_threads=1)
+  assert stats["sampled"] == 121
+  assert ("1 of 121 sentences are over 65536 bytes and are left out of the "
+          "vocabulary's training (they are still tokenised).") in caplog.text
