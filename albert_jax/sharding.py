@@ -8,6 +8,10 @@ Data parallelism, FSDP and tensor parallelism are then settings, not code:
   data:   mesh [("data", -1)]                     rules: defaults
   FSDP:   mesh [("data", 1), ("fsdp", -1)]        params' `embed` → fsdp
   tensor: mesh [("data", -1), ("tensor", 4)]      heads / mlp / vocab → tensor
+
+A vocabulary that the tensor axis does not divide (BERT's 30522 under
+tensor=4) is padded inside the computation (`model.layers.Embed`) and its
+table stored whole along the vocabulary (`PADDED_AXES`).
 """
 
 from __future__ import annotations
@@ -125,10 +129,49 @@ def rules_for(mesh: jax.sharding.Mesh, rules=DEFAULT_RULES
   return tuple(out)
 
 
+# Logical parameter axes that the model pads at compute time when the mesh
+# does not divide them (`layers.Embed`: the vocabulary): stored whole along
+# that axis rather than split unevenly, which jit refuses.
+PADDED_AXES = ("vocab",)
+
+
+def _divisible(path, box, sharding: NamedSharding, mesh) -> NamedSharding:
+  """`sharding` for the boxed abstract parameter `box`, with every mesh
+  split checked against the dimension it splits (see PADDED_AXES)."""
+  shape, names = box.value.shape, box.names
+  spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+  for dim, axes in enumerate(spec):
+    if axes is None:
+      continue
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    parts = math.prod(mesh.shape[a] for a in axes)
+    if shape[dim] % parts == 0:
+      continue
+    if names[dim] in PADDED_AXES:
+      spec[dim] = None
+      continue
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
+    raise ValueError(
+        f"Parameter {name} has {shape[dim]} entries along its "
+        f"{names[dim]!r} axis, which mesh axes {axes} ({parts} devices) "
+        f"cannot split evenly; change config.mesh, or map {names[dim]!r} to "
+        "None in config.sharding_rules.")
+  return NamedSharding(mesh, P(*spec))
+
+
 def logical_shardings(abstract_boxed: Any, mesh, rules) -> Any:
-  """NamedShardings for a boxed (LogicallyPartitioned) pytree."""
+  """NamedShardings for a boxed (LogicallyPartitioned) pytree.
+
+  A dimension the mesh would split unevenly is stored whole if the model
+  pads it in the computation (PADDED_AXES: the vocabulary); any other is
+  refused with a ValueError naming the parameter.
+  """
   specs = nn.get_partition_spec(abstract_boxed)
-  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+  return jax.tree_util.tree_map_with_path(
+      lambda path, box, s: _divisible(path, box, s, mesh) if is_box(box)
+      else s, abstract_boxed, shardings, is_leaf=is_box)
 
 
 def state_shardings(tx: optax.GradientTransformation, abstract_state: Any,

@@ -36,6 +36,14 @@ half of the T² score and value products, MaxText's convention: the masked
 half is work the model does not need, and the causal flash kernel skips it,
 so its MFU is not inflated by work that is thrown away.
 
+The count is checked against the program itself: `--compile_only` counts
+the matmuls in the train step's lowered HLO, every loop iteration
+(`tools.hlo_stats.matmul_flops`), and for ALBERT they equal this module's
+count to the FLOP, attention aside (tests/tools/test_tpu_compile.py). What
+the HLO adds is recomputation, which MFU leaves out: remat's forward
+matmuls, and with the Pallas TPU kernels the flash backward's second pass
+over the attention scores (its kernels declare 1.5x the attention FLOPs).
+
 The module is pure Python over `ModelConfig`'s fields, so the trainer can
 call it anywhere without tracing anything.
 """

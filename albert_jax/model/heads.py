@@ -8,7 +8,10 @@
 `albert.Albert` builds them under the names "mlm", "rtd" and "lm" (its
 "sop" head is a single Dense on the pooler, built there). The tied heads
 take the word table as anything with `attend` ([..., E] → [..., V]): the
-model's `Embeddings`.
+model's `Embeddings`. Under a mesh that splits the vocabulary (tensor
+parallelism) their logits have V' ≥ V columns, the table's padding
+(`layers.Embed`), masked to the lowest value: zero probability, never
+predicted.
 
 Shapes: B batch, T sequence, H hidden, E embedding, V vocab, P predictions.
 """
@@ -55,7 +58,10 @@ class MLMHead(nn.Module):
                       nn.with_logical_partitioning(nn.initializers.zeros,
                                                    ("vocab",)),
                       (cfg.vocab_size,), cfg.parameter_dtype)
-    return logits + bias.astype(logits.dtype)
+    if logits.shape[-1] != cfg.vocab_size:  # `layers.Embed`'s padding
+      bias = jnp.pad(bias, (0, logits.shape[-1] - cfg.vocab_size))
+    return layers.mask_padded_logits(logits + bias.astype(logits.dtype),
+                                     cfg.vocab_size)
 
 
 class RTDHead(nn.Module):
@@ -92,4 +98,4 @@ class LMHead(nn.Module):
     if cfg.embedding_projection:
       x = layers.Dense((cfg.embedding_size,), ("embed", "embedding"),
                        **cfg.layer_kwargs, name="transform")(x)
-    return embeddings.attend(x)
+    return layers.mask_padded_logits(embeddings.attend(x), cfg.vocab_size)

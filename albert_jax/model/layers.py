@@ -292,8 +292,48 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype)
 
 
+def mesh_split(logical_axis: str) -> int:
+  """Into how many parts the current mesh and logical axis rules split the
+  activation axis `logical_axis` (1 outside a mesh or without a rule)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  target = dict(nn.get_logical_axis_rules()).get(logical_axis)
+  if target is None:
+    return 1
+  targets = (target,) if isinstance(target, str) else tuple(target)
+  return math.prod(mesh.shape[t] for t in targets if t in mesh.axis_names)
+
+
+def padded_size(size: int, multiple: int) -> int:
+  """`size` rounded up to a multiple of `multiple`."""
+  return -(-size // multiple) * multiple
+
+
+def mask_padded_logits(logits: jax.Array, vocab_size: int) -> jax.Array:
+  """[..., V'] logits with the columns from `vocab_size` on (the padding
+  `Embed.attend` adds) at the dtype's lowest value: they get probability 0
+  in a softmax, are never an argmax and never sampled."""
+  if logits.shape[-1] == vocab_size:
+    return logits
+  ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  return jnp.where(ids < vocab_size, logits,
+                   jnp.asarray(jnp.finfo(logits.dtype).min, logits.dtype))
+
+
 class Embed(nn.Module):
-  """A lookup table [num, features] that can also be read as a matrix."""
+  """A lookup table [num, features] that can also be read as a matrix.
+
+  As a tied decoder (`attend`) under tensor parallelism, the table is
+  padded with zero rows to a multiple of the devices that split the
+  vocabulary (the logical axis "act_vocab"), as Megatron and MaxText pad
+  theirs, so that the [..., V] logits split evenly whatever the vocabulary
+  (BERT's 30522, RoBERTa's 50265, GPT-1's 40478). The padding exists only
+  inside the computation: the stored table, its checkpoints, HF import and
+  export and the parameter count keep `num_embeddings` rows (where the
+  mesh does not divide them, `sharding.logical_shardings` stores the table
+  whole along the vocabulary).
+  """
   num_embeddings: int
   features: int
   axes: tuple[str, str] = ("vocab", "embed")
@@ -312,6 +352,15 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """[..., features] -> [..., num_embeddings]: x · tableᵀ (tied decoder)."""
-    return jnp.einsum("...e,ve->...v", x.astype(self.dtype),
-                      self.embedding.astype(self.dtype))
+    """[..., features] -> [..., V']: x · tableᵀ (tied decoder).
+
+    V' is `num_embeddings`, padded under a mesh that splits "act_vocab" to
+    a multiple of that split; the padded columns are 0 here and need
+    `mask_padded_logits` before a softmax.
+    """
+    table = self.embedding.astype(self.dtype)
+    rows = padded_size(self.num_embeddings, mesh_split("act_vocab"))
+    if rows != self.num_embeddings:
+      table = jnp.pad(table, ((0, rows - self.num_embeddings), (0, 0)))
+      table = nn.with_logical_constraint(table, ("act_vocab", "act_embedding"))
+    return jnp.einsum("...e,ve->...v", x.astype(self.dtype), table)

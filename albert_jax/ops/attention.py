@@ -19,6 +19,11 @@ Implementations:
   cudnn   cuDNN's fused attention through `jax.nn.dot_product_attention`.
   auto    pallas on TPU, cudnn on GPU, xla on CPU, each where it takes the
           inputs (else xla).
+The platform is that of the devices the step is compiled for: under a mesh
+(`jax.set_mesh`, as the trainer jits its steps) the mesh's devices, else the
+default backend. So a train step compiled ahead of time from a CPU host for
+a TPU topology (`albert_jax.tools.compile_only --topology`) holds the Mosaic
+kernels, exactly as on the TPU itself.
 A kernel without dropout hands a call with active dropout to xla, and says
 so once in the log; likewise the Mosaic GPU kernel, which has no causal
 masking, hands causal calls to cudnn (or xla where cuDNN cannot take them).
@@ -228,6 +233,19 @@ def _per_shard(kernel, q, k, v, q_ids, kv_ids):
                                                         kv_ids)
 
 
+def target_platform() -> str:
+  """"tpu", "gpu" or "cpu": the platform the traced computation compiles for.
+
+  Under a mesh that is its devices' platform, which need not be the default
+  backend (a TPU topology compiled ahead of time from a CPU host); without
+  one, jit compiles for the default backend's devices.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  platform = device.platform if device is not None else jax.default_backend()
+  return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+
+
 @functools.lru_cache(maxsize=None)
 def _log_once(message: str) -> None:
   """Logs each distinct fallback once per process, not once per trace."""
@@ -322,7 +340,7 @@ def dot_product_attention(
   use_dropout = not deterministic and dropout_rate > 0.0
   if use_dropout and dropout_rng is None:
     raise ValueError("Attention dropout needs dropout_rng.")
-  backend = jax.default_backend()
+  backend = target_platform()
   chosen = _choose(impl, q, k, v, use_dropout, backend, causal)
   if chosen == "pallas":
     module = _kernel_module(backend)
@@ -334,7 +352,8 @@ def dot_product_attention(
         raise ValueError(
             "impl='pallas' on CPU runs the TPU kernel in interpret mode, "
             "which cannot run under a multi-device mesh; use impl='xla' or "
-            "a one-device mesh.")
+            "a one-device mesh (to compile the Mosaic kernels for a TPU "
+            "slice from this host: --compile_only --topology=v5e:4x4).")
       kwargs["interpret"] = module.interpret_params()
     kernel = functools.partial(module.flash_attention, **kwargs)
     out = _per_shard(kernel, q, k, v, segment_ids, kv_segment_ids)

@@ -34,7 +34,6 @@ import math
 from typing import NamedTuple
 
 import jax
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
@@ -44,6 +43,7 @@ from albert_jax.ops.flash_common import padded_segment_ids
 from albert_jax.ops.flash_tpu_common import LANES
 from albert_jax.ops.flash_tpu_common import lanes
 from albert_jax.ops.flash_tpu_common import MASK_VALUE
+from albert_jax.ops.flash_tpu_common import matmul
 from albert_jax.ops.flash_tpu_common import NT_DIMS
 from albert_jax.ops.flash_tpu_common import Static
 from albert_jax.ops.flash_tpu_common import Walk
@@ -221,8 +221,7 @@ def _forward_kernel(*refs, walk: Walk):
     acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
 
   def step():
-    s = lax.dot_general(q_ref[...], k_ref[...], NT_DIMS,
-                        preferred_element_type=jnp.float32) * walk.static.scale
+    s = matmul(q_ref[...], k_ref[...], NT_DIMS) * walk.static.scale
     block_kv = s.shape[1]
     mask = walk.tile_mask(r, i, j, s.shape)
     if mask is not None:
@@ -238,8 +237,8 @@ def _forward_kernel(*refs, walk: Walk):
     l_scratch[...] = alpha * l_scratch[...] + jnp.sum(p, axis=1, keepdims=True)
     m_scratch[...] = m_next
     v = v_ref[...]
-    acc_scratch[...] = acc_scratch[...] * lanes(alpha, head_dim) + lax.dot(
-        p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    acc_scratch[...] = acc_scratch[...] * lanes(alpha, head_dim) + matmul(
+        p.astype(v.dtype), v)
 
   walk.run(step, r, b, i, j)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 from albert_jax.ops.flash_tpu_common import lane_layout
 from albert_jax.ops.flash_tpu_common import LANES
 from albert_jax.ops.flash_tpu_common import lanes
+from albert_jax.ops.flash_tpu_common import matmul
 from albert_jax.ops.flash_tpu_common import NT_DIMS
 from albert_jax.ops.flash_tpu_common import Static
 from albert_jax.ops.flash_tpu_common import sublane_layout
@@ -44,18 +44,15 @@ def _dq_kernel(*refs, walk: Walk):
 
   def step():
     k = k_ref[...]
-    s = lax.dot_general(q_ref[...], k, NT_DIMS,
-                        preferred_element_type=jnp.float32) * walk.static.scale
+    s = matmul(q_ref[...], k, NT_DIMS) * walk.static.scale
     block_kv = s.shape[1]
     p = jnp.exp(s - lanes(lse_ref[...], block_kv))
     mask = walk.tile_mask(r, i, j, s.shape)
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
-    dp = lax.dot_general(do_ref[...], v_ref[...], NT_DIMS,
-                         preferred_element_type=jnp.float32)
+    dp = matmul(do_ref[...], v_ref[...], NT_DIMS)
     ds = p * (dp - lanes(di_ref[...], block_kv))
-    acc[...] += lax.dot(ds.astype(k.dtype), k,
-                        preferred_element_type=jnp.float32)
+    acc[...] += matmul(ds.astype(k.dtype), k)
 
   walk.run(step, r, b, i, j)
 
@@ -128,19 +125,15 @@ def _dkv_kernel(*refs, walk: Walk):
   def step():
     q = q_ref[...]
     do = do_ref[...]
-    st = lax.dot_general(k_ref[...], q, NT_DIMS,
-                         preferred_element_type=jnp.float32) * walk.static.scale
+    st = matmul(k_ref[...], q, NT_DIMS) * walk.static.scale
     pt = jnp.exp(st - lse_ref[:1, :])
     mask = walk.tile_mask(r, j, i, st.shape)
     if mask is not None:
       pt = jnp.where(mask, pt, 0.0)
-    dv_acc[...] += lax.dot(pt.astype(do.dtype), do,
-                           preferred_element_type=jnp.float32)
-    dpt = lax.dot_general(v_ref[...], do, NT_DIMS,
-                          preferred_element_type=jnp.float32)
+    dv_acc[...] += matmul(pt.astype(do.dtype), do)
+    dpt = matmul(v_ref[...], do, NT_DIMS)
     dst = pt * (dpt - di_ref[:1, :])
-    dk_acc[...] += lax.dot(dst.astype(q.dtype), q,
-                           preferred_element_type=jnp.float32)
+    dk_acc[...] += matmul(dst.astype(q.dtype), q)
 
   walk.run(step, r, b, j, i)
 

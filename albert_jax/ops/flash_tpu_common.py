@@ -29,6 +29,8 @@ SUBLANES = 8
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 # Contract the last dimension of both operands: x @ yᵀ without a transpose.
 NT_DIMS = (((1,), (1,)), ((), ()))
+# x @ y.
+NN_DIMS = (((1,), (0,)), ((), ()))
 
 
 class Static(NamedTuple):
@@ -38,6 +40,20 @@ class Static(NamedTuple):
   blocks: Any  # flash_tpu._Blocks
   interpret: Any  # None or pltpu.InterpretParams
   causal: bool = False  # key j attends query i only if j <= i
+
+
+def matmul(x: jax.Array, y: jax.Array, dims=NN_DIMS) -> jax.Array:
+  """x · y on the MXU (`dims` as `lax.dot_general` takes them), in float32.
+
+  16-bit operands are multiplied at their own precision: their products are
+  exact in the float32 accumulator, and Mosaic refuses a bfloat16 matmul
+  asked for float32 precision (on v4), which a global
+  `jax_default_matmul_precision="highest"` would otherwise ask for.
+  float32 operands follow the configured default, as XLA's matmuls do.
+  """
+  precision = lax.Precision.DEFAULT if x.dtype.itemsize == 2 else None
+  return lax.dot_general(x, y, dims, precision=precision,
+                         preferred_element_type=jnp.float32)
 
 
 def lanes(x: jax.Array, width: int) -> jax.Array:

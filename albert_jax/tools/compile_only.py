@@ -1,40 +1,62 @@
 """Ahead-of-time compile of the train step: will this config fit?
 
+  python -m albert_jax.main --config=configs/albert_base.py --compile_only \
+      --topology=v5e:16x16 --config.model.dtype=bfloat16
   python -m albert_jax.main --config=configs/albert_xxlarge.py \
-      --compile_only --num_fake_devices=64 --config.model.remat=full \
-      --config.accumulation_steps=4 --config.model.dtype=bfloat16
+      --compile_only --num_fake_devices=64 --config.model.remat=full
 
 Builds the abstract train state and batch for the config's mesh, lowers and
 compiles the sharded train step without allocating anything, and prints
 `compiled.memory_analysis()` per device: the parameter + optimizer state the
 step takes in, its outputs, and the temporaries it needs, and whether their
 sum fits a device of a given size (`report(config, device_memory_gib=32)`,
-or the environment variable `ALBERT_JAX_DEVICE_MEMORY_GIB`). Other meshes:
-`--config.mesh="(('data', 1), ('fsdp', -1))"` (ml-collections parses a tuple
-field from the command line, not a list); `parse_mesh` also reads the string
-form "data:1,fsdp:-1".
+the environment variable `ALBERT_JAX_DEVICE_MEMORY_GIB`, or for a TPU
+topology the chip's HBM; `compile_report` words the report). The step is
+the one the config runs: its pre-training objective (masked_lm, electra,
+causal_lm), or with `config.job="finetune"` the task's fine-tuning step
+(`compile_targets`). Other meshes: `--config.mesh="(('data', 1), ('fsdp',
+-1))"` (ml-collections parses a tuple field from the command line, not a
+list); `parse_mesh` also reads the string form "data:1,fsdp:-1".
 
-With fake CPU devices the numbers are those of XLA:CPU's buffer assignment
-for the same sharded (SPMD-partitioned) program. The state and batch sizes
-per device are exact; the temporaries (activations kept for the backward
-pass, gradients, collective buffers, workspace) are XLA:CPU's estimate of
-what an accelerator needs. An accelerator's compiler fuses and schedules
-differently (XLA:CPU's own two schedulers differ by up to ~12% on these
-programs), so read them to within some tens of percent, not to the byte.
+With `--topology=NAME` (`albert_jax.tools.topology`; needs libtpu) the mesh
+is made of the abstract chips of that TPU slice and the step is compiled by
+the real TPU compiler, Mosaic kernels included: the memory figures are the
+TPU compiler's own, and a step that needs more HBM than a chip has is
+refused by the compiler itself (`DoesNotFit`, with the bytes it asked for).
+The report adds what the step does (`hlo_stats`): its Mosaic kernels and
+collectives per step, and three FLOP counts per device. `model.flops`'
+analytic count is the model's matmuls, 3 × forward (what MFU is measured
+against). The matmuls counted in the step's lowered HLO, every loop
+iteration, with the Mosaic kernels' declared costs, check it: for ALBERT
+they match it to the FLOP except where the step recomputes (remat's forward
+matmuls; the flash kernels' backward recomputes the attention scores, 1.5x
+that part), which MFU rightly leaves out. The compiler's own
+`cost_analysis()` adds elementwise work but counts each loop body once (the
+layer scan as one layer), so it is shown but is not a per-step figure; its
+"optimal_seconds" is not a time for a whole step (it can be negative) and
+is not shown.
 
-Two things differ from a plain `.compile()`, both because only the buffer
-assignment is wanted: the LLVM back end runs at its cheapest settings
-(`loop.FAST_COMPILE_OPTIONS`: ~6x faster, same buffers), and on CPU a bfloat16
-model is compiled as float16 (`BF16_STAND_IN`: same sizes; XLA:CPU would
-widen bfloat16 buffers to float32).
+With fake CPU devices (`--num_fake_devices=N`) the numbers are those of
+XLA:CPU's buffer assignment for the same sharded (SPMD-partitioned)
+program, an estimate. The state and batch sizes per device are exact; the
+temporaries can be far from the TPU compiler's, either way round
+(ALBERT-base without remat on v5e-256, FSDP: 10.3 GiB per device by
+XLA:CPU, 2.95 GiB by the TPU compiler; experiments/memory_table.md has both
+for every setting), so read a CPU estimate as a rough guide, not a verdict.
+
+Two things differ from a plain `.compile()` on CPU, both because only the
+buffer assignment is wanted: the LLVM back end runs at its cheapest
+settings (`loop.FAST_COMPILE_OPTIONS`: ~6x faster, same buffers), and a
+bfloat16 model is compiled as float16 (`compile_targets.BF16_STAND_IN`:
+same sizes; XLA:CPU would widen bfloat16 buffers to float32).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -44,29 +66,16 @@ import jax
 import jax.numpy as jnp
 
 from albert_jax import sharding as sharding_lib
-from albert_jax.model.config import ModelConfig
+from albert_jax.tools import compile_report
+from albert_jax.tools import compile_targets
+from albert_jax.tools import hlo_stats
+from albert_jax.tools import topology as topology_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
-from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
 
-GIB = 1024 ** 3
-DEFAULT_HEADROOM = 0.10
 DEVICE_MEMORY_ENV = "ALBERT_JAX_DEVICE_MEMORY_GIB"
-
-# loop.FAST_COMPILE_OPTIONS change how fast XLA:CPU emits machine code, not
-# which buffers it assigns (ALBERT-xxlarge's train step on 64 devices: 8 s
-# instead of 50 s, the same bytes; configs/tiny.py's moves by < 0.1%).
-# XLA:CPU has no bfloat16 arithmetic: its float normalisation widens bfloat16
-# ops to float32, and with them the buffers they write, so a bfloat16 model
-# compiled for CPU reports nearly its float32 footprint (ALBERT-base at 64
-# sequences of 512 per device: 61.8 GiB of temporaries in bfloat16, 63.6 in
-# float32, 41.2 in float16). float16 it keeps in 16 bits, and the program is
-# otherwise the same (LayerNorm, softmax and the losses run in float32
-# either way), so on CPU a bfloat16 dtype is compiled as float16: same bytes
-# as bfloat16 on an accelerator.
-BF16_STAND_IN = "float16"
 
 
 def parse_mesh(mesh: Any) -> tuple[tuple[str, int], ...]:
@@ -116,6 +125,40 @@ def bytes_per_device(tree) -> int:
   return total
 
 
+class DoesNotFit(ValueError):
+  """The TPU compiler refused the step: it needs more HBM than a chip has.
+
+  Attributes:
+    required_bytes, available_bytes: the compiler's figures (None where its
+      message gives none).
+  """
+
+  def __init__(self, message: str, required_bytes: float | None = None,
+               available_bytes: float | None = None):
+    super().__init__(message)
+    self.required_bytes = required_bytes
+    self.available_bytes = available_bytes
+
+
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_OOM = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM "
+                  r"\(([\d.]+)([KMGT])\)")
+
+
+def _does_not_fit(error: Exception) -> DoesNotFit:
+  """A compiler's out-of-memory error as `DoesNotFit`."""
+  line = next((l for l in str(error).splitlines() if "HBM" in l),
+              str(error).splitlines()[0])
+  match = _OOM.search(line)
+  sizes = (float(match.group(1)) * _UNITS[match.group(2)],
+           float(match.group(3)) * _UNITS[match.group(4)]) if match else (
+               None, None)
+  return DoesNotFit(
+      f"The train step does not fit: {line.strip()} Use less memory per "
+      "chip: model.remat=full (or dots_no_batch), more "
+      "accumulation_steps, an FSDP mesh, or more chips.", *sizes)
+
+
 @dataclasses.dataclass
 class Compiled:
   """What `compile_train_step` built, for reports and tests."""
@@ -126,20 +169,26 @@ class Compiled:
   lower_seconds: float
   compile_seconds: float
   bf16_as_float16: bool  # compiled bfloat16 as float16 (CPU)
+  target: compile_targets.Target
+  lowered: Any  # the jax.stages.Lowered step
 
 
 def compile_train_step(config, *, fast: bool = True,
-                       stand_in_16bit: bool = True) -> Compiled:
+                       stand_in_16bit: bool = True,
+                       topology: str | None = None) -> Compiled:
   """Lowers and compiles the config's sharded train step; allocates nothing.
 
   Args:
-    config: a full pre-training config (config_lib.base_config).
+    config: a full pre-training or fine-tuning config.
     fast: compile with `loop.FAST_COMPILE_OPTIONS` on CPU (same buffers, cheaper
       code generation).
     stand_in_16bit: on CPU, compile bfloat16 as float16 (see
-      `BF16_STAND_IN`).
+      `compile_targets.BF16_STAND_IN`).
+    topology: a TPU slice ("v5e:16x16", `albert_jax.tools.topology`) to
+      compile for with the TPU compiler, instead of this host's devices.
   """
-  mesh = sharding_lib.make_mesh(parse_mesh(config.mesh))
+  devices = topology_lib.devices(topology) if topology else None
+  mesh = sharding_lib.make_mesh(parse_mesh(config.mesh), devices)
   rules = sharding_lib.rules_for(
       mesh, [tuple(r) for r in config.sharding_rules])
   data_parallel = sharding_lib.data_parallel_size(mesh)
@@ -148,18 +197,11 @@ def compile_train_step(config, *, fast: bool = True,
     raise ValueError(
         f"batch_size {b} must be divisible by the data-parallel size "
         f"({data_parallel}) × accumulation_steps ({acc}).")
-  model_values = dict(config.model)
   platform = mesh.devices.flat[0].platform
-  stand_in = False
-  for key in ("dtype", "param_dtype"):
-    if (platform == "cpu" and stand_in_16bit
-        and model_values[key] == "bfloat16"):
-      model_values[key] = BF16_STAND_IN
-      stand_in = True
-  spec = run_spec.run_spec(config, ModelConfig.from_dict(model_values))
+  target = compile_targets.for_config(config, platform, stand_in_16bit)
   tx, schedule = optim.make(config)
   start = time.perf_counter()
-  init = state_lib.state_init_fn(spec.init_params, tx)
+  init = state_lib.state_init_fn(target.init_params, tx)
   abstract_boxed = jax.eval_shape(init, jax.random.key(0))
   shardings = state_lib.state_shardings(abstract_boxed, tx, mesh, rules)
   abstract = {**abstract_boxed,
@@ -167,20 +209,29 @@ def compile_train_step(config, *, fast: bool = True,
   state = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       abstract, shardings)
-  batch = abstract_batch(spec.batch_schema,
+  batch = abstract_batch(target.batch_schema,
                          sharding_lib.data_sharding(mesh))
-  step = step_lib.make_train_step(spec.objective, tx, schedule, acc)
+  step = step_lib.make_train_step(target.objective, tx, schedule, acc)
   jitted = step_lib.jit_train_step(step, shardings, mesh, rules).jitted
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     lowered = jitted.lower(state, batch)
   lower_seconds = time.perf_counter() - start
   options = None
   if fast and platform == "cpu":
+    # They change how fast XLA:CPU emits machine code, not which buffers it
+    # assigns (ALBERT-xxlarge's train step on 64 devices: 8 s instead of
+    # 50 s, the same bytes; configs/tiny.py's moves by < 0.1%).
     options = dict(loop.FAST_COMPILE_OPTIONS)
   start = time.perf_counter()
-  compiled = lowered.compile(compiler_options=options)
+  try:
+    compiled = lowered.compile(compiler_options=options)
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" in str(e):
+      raise _does_not_fit(e) from e
+    raise
   return Compiled(compiled, mesh, state, batch, lower_seconds,
-                  time.perf_counter() - start, stand_in)
+                  time.perf_counter() - start, target.bf16_as_float16,
+                  target, lowered)
 
 
 def memory(compiled) -> dict[str, int]:
@@ -203,24 +254,25 @@ def memory(compiled) -> dict[str, int]:
   return out
 
 
-def budget(device_memory_gib: float | None,
-           headroom: float = DEFAULT_HEADROOM) -> float | None:
-  """Usable bytes of a device of `device_memory_gib` GiB, less headroom."""
-  if device_memory_gib is None:
-    return None
-  return device_memory_gib * GIB * (1.0 - headroom)
+def compiler_flops(compiled) -> float | None:
+  """FLOPs per device of one run of `compiled`, by its own cost analysis."""
+  costs = compiled.cost_analysis()
+  if isinstance(costs, (list, tuple)):  # older jax: one dict per program
+    costs = costs[0] if costs else {}
+  flops = (costs or {}).get("flops")
+  return None if flops is None else float(flops)
 
 
-def fits(total_bytes: float, device_memory_gib: float | None,
-         headroom: float = DEFAULT_HEADROOM) -> bool | None:
-  """Whether `total_bytes` fit in the device less headroom (None: no size)."""
-  usable = budget(device_memory_gib, headroom)
-  return None if usable is None else total_bytes <= usable
+def analyse(config, *, fast: bool = True,
+            topology: str | None = None) -> dict[str, Any]:
+  """Compiles the config's train step; per-device bytes and context.
 
-
-def analyse(config, *, fast: bool = True) -> dict[str, Any]:
-  """Compiles the config's train step; per-device bytes and context."""
-  built = compile_train_step(config, fast=fast)
+  Besides `memory`'s bytes: the exact state and batch bytes, the mesh, where
+  the figures come from ("memory_source"), FLOPs per device (the
+  compiler's and `model.flops`' analytic count) and `hlo_stats`' Mosaic
+  kernels and collectives per step.
+  """
+  built = compile_train_step(config, fast=fast, topology=topology)
   result: dict[str, Any] = dict(memory(built.compiled))
   result["state"] = bytes_per_device(built.state)
   result["params"] = bytes_per_device(built.state["params"])
@@ -228,7 +280,36 @@ def analyse(config, *, fast: bool = True) -> dict[str, Any]:
   result["batch"] = bytes_per_device(built.batch)
   result["mesh"] = dict(built.mesh.shape)
   result["num_devices"] = built.mesh.size
-  result["platform"] = built.mesh.devices.flat[0].platform
+  device = built.mesh.devices.flat[0]
+  result["platform"] = device.platform
+  result["device_kind"] = device.device_kind
+  result["topology"] = topology
+  result["memory_source"] = (compile_report.TPU_COMPILER
+                             if device.platform == "tpu"
+                             else compile_report.CPU_ESTIMATE)
+  result["target"] = built.target.name
+  result["model"] = built.target.model_config.to_dict()
+  result["flops_analytic"] = built.target.flops_per_step / built.mesh.size
+  result["flops_analytic_attention"] = (
+      built.target.attention_flops_per_step / built.mesh.size)
+  # The lowered program's dots have global shapes; its kernels, run per
+  # shard, their own.
+  counted = hlo_stats.matmul_flops(built.lowered.as_text(dialect="hlo"))
+  result["flops_hlo_matmuls"] = counted["dots"] / built.mesh.size
+  result["flops_hlo_kernels"] = counted["kernels"]
+  result["flops_compiler"] = compiler_flops(built.compiled)
+  result["hlo_error"] = None
+  try:
+    stats = hlo_stats.analyse(built.compiled.as_text())
+  except jax.errors.JaxRuntimeError as e:
+    # jaxlib cannot print every program libtpu compiles (v5p:4x4x4's
+    # async collectives: "async-update instruction should have 1
+    # operands"); the memory analysis stands without it.
+    stats = None
+    result["hlo_error"] = str(e).splitlines()[0]
+  result["mosaic_kernels"] = stats and stats.mosaic_kernels
+  result["collectives"] = stats and stats.collectives
+  result["unknown_loops"] = stats.unknown_loops if stats else 0
   result["lower_seconds"] = built.lower_seconds
   result["compile_seconds"] = built.compile_seconds
   result["bf16_as_float16"] = built.bf16_as_float16
@@ -240,70 +321,20 @@ def _device_memory_from_env() -> float | None:
   return float(value) if value else None
 
 
-def format_report(config, result: dict[str, Any],
-                  device_memory_gib: float | None = None,
-                  headroom: float = DEFAULT_HEADROOM) -> str:
-  """The human-readable report of `analyse`'s result."""
-  mesh = ", ".join(f"{k}={v}" for k, v in result["mesh"].items())
-  acc = config.accumulation_steps
-  data_parallel = math.prod(
-      v for k, v in result["mesh"].items() if k in sharding_lib.DATA_AXES)
-  per_device = config.batch_size // data_parallel
-  m = config.model
-  unit, scale = ("GiB", GIB) if result["total"] >= GIB / 4 else ("MiB", 2**20)
-  gib = lambda key: result[key] / scale  # noqa: E731
-  lines = [
-      f"Train step compiled ahead of time for {result['num_devices']} "
-      f"{result['platform']} devices, mesh {mesh}.",
-      f"  model: H={m.hidden_size}, {m.num_hidden_layers} layers, FFN "
-      f"{m.intermediate_size}, E={m.embedding_size}, vocab {m.vocab_size}; "
-      f"compute {m.dtype}, params {m.param_dtype}; remat {m.remat}",
-      f"  batch: {config.batch_size} global, {per_device} per data-parallel "
-      f"shard, {acc} micro-batch{'es' if acc > 1 else ''} of "
-      f"{per_device // acc}; seq {config.data.max_seq_length}, "
-      f"{config.masking.max_predictions} predictions; optimizer "
-      f"{config.optimizer.name}",
-      f"Per device ({unit}):",
-      f"  state (params + optimizer)  {gib('state'):9.3f}   params "
-      f"{gib('params'):.3f}, optimizer {gib('optimizer'):.3f}  [exact]",
-      f"  batch                       {gib('batch'):9.3f}   [exact]",
-      f"  arguments (state + batch)   {gib('arguments'):9.3f}",
-      f"  outputs (new state, metrics){gib('outputs'):9.3f}",
-      f"  aliased (donated state)     {gib('aliased'):9.3f}",
-      f"  temporaries                 {gib('temporaries'):9.3f}   "
-      "activations, gradients, workspace [XLA:CPU estimate]",
-      f"  total                       {gib('total'):9.3f}   arguments + "
-      "outputs - aliased + temporaries",
-  ]
-  if device_memory_gib is not None:
-    usable = budget(device_memory_gib, headroom)
-    ok = fits(result["total"], device_memory_gib, headroom)
-    lines.append(
-        f"  fits {device_memory_gib:g} GiB/device with {headroom:.0%} "
-        f"headroom ({usable / GIB:.1f} GiB usable): "
-        f"{'yes' if ok else 'NO'} ({result['total'] / usable:.0%} of usable)")
-  lines.append(f"Lowered in {result['lower_seconds']:.1f} s, compiled in "
-               f"{result['compile_seconds']:.1f} s.")
-  if result["bf16_as_float16"]:
-    lines.append("  (bfloat16 compiled as float16 on CPU: the same sizes, "
-                 "where XLA:CPU would widen bfloat16 buffers to float32.)")
-  exact = {k: result[k] for k in (
-      "state", "params", "optimizer", "batch", "arguments", "outputs",
-      "aliased", "temporaries", "total")}
-  lines.append(f"bytes per device: {json.dumps(exact)}")
-  return "\n".join(lines)
-
-
 def report(config, device_memory_gib: float | None = None,
-           headroom: float = DEFAULT_HEADROOM, *, file=None
-           ) -> dict[str, Any]:
+           headroom: float = compile_report.DEFAULT_HEADROOM, *,
+           topology: str | None = None,
+           file=None) -> dict[str, Any]:
   """Compiles the config's train step and prints the per-device report.
 
   Args:
-    config: a full pre-training config.
+    config: a full pre-training or fine-tuning config.
     device_memory_gib: memory of one device, to say whether the step fits;
-      None reads `ALBERT_JAX_DEVICE_MEMORY_GIB` (unset: no verdict).
+      None reads `ALBERT_JAX_DEVICE_MEMORY_GIB`, and failing that takes a
+      TPU chip's HBM (`topology.HBM_GIB`; on CPU: no verdict).
     headroom: fraction of the device kept free (fragmentation, runtime).
+    topology: a TPU slice to compile for with the TPU compiler
+      (`albert_jax.tools.topology`), instead of this host's devices.
     file: where to print (stdout).
 
   Returns:
@@ -311,9 +342,13 @@ def report(config, device_memory_gib: float | None = None,
   """
   if device_memory_gib is None:
     device_memory_gib = _device_memory_from_env()
-  result = analyse(config)
-  result["fits"] = fits(result["total"], device_memory_gib, headroom)
+  result = analyse(config, topology=topology)
+  if device_memory_gib is None and result["platform"] == "tpu":
+    device_memory_gib = topology_lib.hbm_gib(result["device_kind"])
+  result["fits"] = compile_report.fits(result["total"], device_memory_gib,
+                                       headroom)
   result["device_memory_gib"] = device_memory_gib
-  print(format_report(config, result, device_memory_gib, headroom),
+  print(compile_report.format_report(config, result, device_memory_gib,
+                                     headroom),
         file=file or sys.stdout, flush=True)
   return result

@@ -1,0 +1,169 @@
+"""What `compile_only` compiles: the train step a config would run.
+
+A pre-training config (`config.pretraining`: masked_lm, electra or
+causal_lm) gives its `RunSpec`'s model, objective and batch. A fine-tuning
+config (`config.job="finetune"`) gives the task's model (the encoder with
+the task head) and objective, with the batch the task's features would
+fill, so that nothing is read but the starting model's configuration: the
+checkpoint at `config.init` (its weights are loaded and dropped), or a
+complete `config.model` when `config.init` is empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from albert_jax.model import flops as flops_lib
+from albert_jax.model.config import ModelConfig
+from albert_jax.training import run_spec
+
+# XLA:CPU has no bfloat16 arithmetic: its float normalisation widens bfloat16
+# ops to float32, and with them the buffers they write, so a bfloat16 model
+# compiled for CPU reports nearly its float32 footprint (ALBERT-base at 64
+# sequences of 512 per device: 61.8 GiB of temporaries in bfloat16, 63.6 in
+# float32, 41.2 in float16). float16 it keeps in 16 bits, and the program is
+# otherwise the same (LayerNorm, softmax and the losses run in float32
+# either way), so on CPU a bfloat16 dtype is compiled as float16: same bytes
+# as bfloat16 on an accelerator.
+BF16_STAND_IN = "float16"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """One train step to compile.
+
+  Attributes:
+    name: "masked_lm", "electra", "causal_lm" or "finetune <task>".
+    model_config: the encoder's hyperparameters as compiled.
+    init_params: rng → boxed (logically named) parameters.
+    objective: the train step's objective (`objectives.Objective`).
+    batch_schema: the global batch, key → (shape, dtype).
+    flops_per_step: analytic training FLOPs of one global batch
+      (`model.flops`: matmuls only, 3 × forward).
+    attention_flops_per_step: the part of it in attention's two T × T
+      matmuls (QKᵀ and PV).
+    bf16_as_float16: bfloat16 was compiled as float16 (CPU).
+  """
+  name: str
+  model_config: ModelConfig
+  init_params: Callable[[jax.Array], Any]
+  objective: Any
+  batch_schema: dict[str, tuple[tuple[int, ...], Any]]
+  flops_per_step: int
+  attention_flops_per_step: int
+  bf16_as_float16: bool
+
+
+def stand_in(cfg: ModelConfig, platform: str,
+             enabled: bool = True) -> tuple[ModelConfig, bool]:
+  """On CPU, `cfg` with bfloat16 dtypes as float16; whether any changed."""
+  changes = {key: BF16_STAND_IN for key in ("dtype", "param_dtype")
+             if enabled and platform == "cpu"
+             and getattr(cfg, key) == "bfloat16"}
+  return (dataclasses.replace(cfg, **changes) if changes else cfg,
+          bool(changes))
+
+
+def for_config(config, platform: str, stand_in_16bit: bool = True) -> Target:
+  """The train step of `config` (pre-training or fine-tuning), compiled for
+  `platform` ("tpu", "cpu", ...)."""
+  if config.get("job", "pretrain") == "finetune":
+    return finetune(config, platform, stand_in_16bit)
+  return pretrain(config, platform, stand_in_16bit)
+
+
+def pretrain(config, platform: str, stand_in_16bit: bool = True) -> Target:
+  """The pre-training step of `config.pretraining`'s objective."""
+  cfg, changed = stand_in(ModelConfig.from_dict(config.model), platform,
+                          stand_in_16bit)
+  spec = run_spec.run_spec(config, cfg)
+  attention = sum(v for k, v in spec.forward_flops().items()
+                  if k.endswith("attention_scores"))
+  return Target(spec.kind, cfg, spec.init_params, spec.objective,
+                spec.batch_schema, spec.flops_per_step,
+                flops_lib.TRAINING_MULTIPLIER * spec.batch_size * attention,
+                changed)
+
+
+def finetune_model_config(config) -> ModelConfig:
+  """The fine-tuned encoder's configuration: `config.init`'s with
+  `config.model`'s non-empty fields over it, or `config.model` alone."""
+  overrides = {k: v for k, v in config.model.items() if v is not None}
+  if config.init:
+    from albert_jax.interop.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+    return load_pretrained(config.init, **overrides).model_config
+  missing = sorted(k for k, v in config.model.items() if v is None)
+  if missing:
+    raise ValueError(
+        "Compiling a fine-tuning step needs the starting model: set "
+        "config.init to a checkpoint, or every config.model field (missing: "
+        f"{', '.join(missing)}).")
+  return ModelConfig.from_dict(overrides)
+
+
+def finetune_batch_schema(task, batch: int, seq_len: int
+                          ) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """The features a task's `load` gives, for a batch of `batch` rows, plus
+  the loop's "weights".
+
+  Raises:
+    ValueError: a task whose features this does not know.
+  """
+  from albert_jax.finetune import classification  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import race  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.squad import task as squad  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.task import INPUT_KEYS  # pylint: disable=g-import-not-at-top
+  rows = (batch,)
+  if isinstance(task, race.RaceTask):
+    tokens = (batch, race.NUM_CHOICES, seq_len)
+    extra = {"label": (rows, jnp.int32)}
+  elif isinstance(task, squad.SquadTask):
+    tokens = (batch, seq_len)
+    extra = {"p_mask": (tokens, jnp.bool_),
+             **{k: (rows, jnp.int32) for k in (
+                 "start_positions", "end_positions", "is_impossible")}}
+  elif isinstance(task, classification.SingleLabelTask):
+    tokens = (batch, seq_len)
+    extra = {"labels": (rows, jnp.float32 if task.regression
+                        else jnp.int32)}
+  else:
+    raise ValueError(f"compile_only does not know the features of task "
+                     f"{task.name!r}.")
+  return {**{k: (tokens, jnp.int32) for k in INPUT_KEYS}, **extra,
+          "weights": (rows, jnp.float32)}
+
+
+def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
+  """The fine-tuning step of `config.data.task` on the starting model."""
+  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import run as finetune_run  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.task import FineTuneModel  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.task import TaskObjective  # pylint: disable=g-import-not-at-top
+  cfg, changed = stand_in(finetune_model_config(config), platform,
+                          stand_in_16bit)
+  task = registry.make_task(config.data.task, config.data)
+  lm_weight = finetune_run.lm_aux_weight(config, cfg)
+  model = FineTuneModel(cfg, task.head(cfg), lm_head=lm_weight > 0)
+  schema = finetune_batch_schema(task, config.batch_size,
+                                 config.data.max_seq_length)
+  example = {k: jnp.zeros((1,) + shape[1:], dtype)
+             for k, (shape, dtype) in schema.items()}
+
+  def init_params(rng):
+    return model.init(rng, example, deterministic=True)["params"]
+
+  tokens = schema["input_ids"][0]
+  # Rows as the fine-tuning loop counts them: each choice is a sequence.
+  rows = tokens[0] * (tokens[1] if len(tokens) == 3 else 1)
+  heads = ("lm",) if lm_weight > 0 else ()
+  attention = flops_lib.forward_flops_breakdown(
+      cfg, tokens[-1], 0, heads=heads)["attention_scores"]
+  return Target(f"finetune {task.name}", cfg, init_params,
+                TaskObjective(model, task, lm_weight), schema,
+                flops_lib.training_flops_per_step(cfg, rows, tokens[-1], 0,
+                                                  heads=heads),
+                flops_lib.TRAINING_MULTIPLIER * rows * attention, changed)
