@@ -4,9 +4,10 @@ A pre-training config (`config.pretraining`: masked_lm, electra or
 causal_lm) gives its `RunSpec`'s model, objective and batch. A fine-tuning
 config (`config.job="finetune"`) gives the task's model (the encoder with
 the task head) and objective, with the batch the task's features would
-fill, so that nothing is read but the starting model's configuration: the
-checkpoint at `config.init` (its weights are loaded and dropped), or a
-complete `config.model` when `config.init` is empty.
+fill: no data is featurized (a "files" task still reads its files, for its
+label set), and the model comes from the checkpoint at `config.init` (its
+weights are loaded and dropped), or from a complete `config.model` when
+`config.init` is empty.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""What a compiled step does, read from its optimised HLO text.
+"""What a step does, read from its HLO text.
 
 `compiled.as_text()` of a `jax.jit(...).lower(...).compile()` is the program
 one device runs after SPMD partitioning and the backend's optimisations.
-Two things are counted in it:
+`analyse` counts two things in it:
 
   Mosaic kernels  custom calls to "tpu_custom_call": the Pallas TPU kernels
                   the step holds, by kernel name.
@@ -21,6 +21,10 @@ slice, in a fusion whose computation it names "all-reduce-scatter"; such a
 fusion counts as one reduce-scatter. Asynchronous forms (XLA's "-start" /
 "-done" pairs, the TPU compiler's "AsyncCollectiveStart" / "Done" fusions)
 count once, at their start, with the bytes of their result.
+
+`matmul_flops` counts the FLOPs of the matmuls and Mosaic kernels in the
+lowered (not yet optimised) HLO, where every matmul is still a `dot`, with
+the same per-iteration counting; it checks `model.flops`' analytic count.
 """
 
 from __future__ import annotations

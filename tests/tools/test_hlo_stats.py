@@ -5,7 +5,8 @@ asynchronous all-gather as an "AsyncCollectiveStart" / "Done" pair of
 fusions, each holding a copy of the collective; its reduce-scatter as an
 "all-reduce-scatter" fusion) with XLA's own forms beside them, inside loops
 whose trip counts are read from a `known_trip_count` and from a `lax.scan`
-condition.
+condition; and the matmul FLOPs of a lowered program, in the form
+`Lowered.as_text(dialect="hlo")` prints.
 """
 
 import pytest
@@ -146,3 +147,49 @@ def test_no_entry_is_refused():
     hlo_stats.analyse("HloModule empty\n")
   assert str(e.value) == ("No ENTRY computation in the HLO text; pass "
                           "compiled.as_text() of a compiled step.")
+
+
+# Lowered HLO as `Lowered.as_text(dialect="hlo")` prints it: no "%" before
+# names, a custom call's backend config over several lines.
+LOWERED = """\
+HloModule jit_step, entry_computation_layout={(f32[8,64]{1,0})->f32[8,16]{1,0}}
+
+region_0.1 {
+  arg_tuple.1 = (s32[], f32[8,64]{1,0}, f32[64,16]{1,0}) parameter(0)
+  get-tuple-element.1 = f32[8,64]{1,0} get-tuple-element(arg_tuple.1), index=1
+  get-tuple-element.2 = f32[64,16]{1,0} get-tuple-element(arg_tuple.1), index=2
+  dot_general.1 = f32[8,16]{1,0} dot(get-tuple-element.1, get-tuple-element.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  pallas_call.1 = f32[8,64]{1,0} custom-call(get-tuple-element.1), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"body": "TUzvUg", "cost_estimate": {
+"bytes_accessed":2048,
+"flops":1000,
+"transcendentals":0
+}, "serialization_format": 1}}
+  ROOT tuple.1 = (s32[], f32[8,64]{1,0}, f32[64,16]{1,0}) tuple(get-tuple-element.1, get-tuple-element.1, get-tuple-element.2)
+}
+
+region_1.2 {
+  constant.1 = s32[] constant(12)
+  arg_tuple.2 = (s32[], f32[8,64]{1,0}, f32[64,16]{1,0}) parameter(0)
+  get-tuple-element.3 = s32[] get-tuple-element(arg_tuple.2), index=0
+  ROOT lt.1 = pred[] compare(get-tuple-element.3, constant.1), direction=LT
+}
+
+ENTRY main.3 {
+  Arg_0.1 = f32[8,64]{1,0} parameter(0)
+  Arg_1.2 = f32[4,8,64]{2,1,0} parameter(1)
+  dot_general.2 = f32[4,8,8]{2,1,0} dot(Arg_1.2, Arg_1.2), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={2}
+  tuple.2 = (s32[], f32[8,64]{1,0}, f32[64,16]{1,0}) tuple(Arg_0.1, Arg_0.1, Arg_0.1)
+  while.1 = (s32[], f32[8,64]{1,0}, f32[64,16]{1,0}) while(tuple.2), condition=region_1.2, body=region_0.1
+  ROOT get-tuple-element.4 = f32[8,16]{1,0} get-tuple-element(while.1), index=1
+}
+"""
+
+
+def test_matmul_flops_of_lowered_hlo():
+  assert hlo_stats.matmul_flops(LOWERED) == {
+      # 12 loop iterations of an [8, 64] · [64, 16] dot, and one batched
+      # [4, 8, 64] · [4, 8, 64]ᵀ outside the loop.
+      "dots": 12 * 2 * 8 * 16 * 64 + 2 * 4 * 8 * 8 * 64,
+      # The kernel's declared cost, every iteration.
+      "kernels": 12 * 1000,
+  }
