@@ -24,6 +24,14 @@ PRETRAINING = ("masked_lm", "causal_lm", "electra")
 OBJECTIVES = ("sop", "nsp", "none")  # albert_jax.data.instances.OBJECTIVES
 TOKENIZER_TYPES = ("sentencepiece", "bpe")
 DTYPES = ("float32", "bfloat16")
+# Fine-tuning: albert_jax.finetune.file_task.TASK_TYPES and
+# albert_jax.finetune.squad.task.V2_HEADS (config.data.task's names come
+# from the registry itself).
+TASK_TYPES = ("classification", "regression")
+V2_HEADS = ("official", "simple")
+# albert_jax.training.optimizer.OPTIMIZERS and SCHEDULES.
+OPTIMIZERS = ("adamw", "lamb")
+SCHEDULES = ("polynomial", "cosine")
 
 
 class ConfigError(ValueError):
@@ -91,7 +99,21 @@ _RULES: dict[str, _Rule] = {
     "model.dtype": (lambda v: v in DTYPES, f"one of {DTYPES} (float16 "
                     "needs loss scaling, which albert_jax does not do; "
                     "bfloat16 has float32's range)", "bfloat16"),
+    "data.task_type": (lambda v: v in TASK_TYPES, f"one of {TASK_TYPES}",
+                       "classification"),
+    "data.v2_head": (lambda v: v in V2_HEADS, f"one of {V2_HEADS}",
+                     "official"),
+    "optimizer.name": (lambda v: v in OPTIMIZERS, f"one of {OPTIMIZERS}",
+                       "adamw"),
+    "optimizer.schedule": (lambda v: v in SCHEDULES, f"one of {SCHEDULES}",
+                           "polynomial"),
 }
+
+
+def _task_names() -> tuple[str, ...]:
+  """Every fine-tuning task's name (imports the task modules)."""
+  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  return registry.task_names()
 
 
 def _get(config: Mapping[str, Any], key: str) -> tuple[bool, Any]:
@@ -116,9 +138,13 @@ def _describe(key: str, value: Any, allowed: str, example: Any) -> str:
 
 
 def _choices(key: str) -> list[str]:
+  if key == "data.task":
+    return list(_task_names())
   return {"pretraining": list(PRETRAINING), "data.objective": list(OBJECTIVES),
           "data.tokenizer_type": list(TOKENIZER_TYPES),
-          "model.dtype": list(DTYPES)}.get(key, [])
+          "model.dtype": list(DTYPES), "data.task_type": list(TASK_TYPES),
+          "data.v2_head": list(V2_HEADS), "optimizer.name": list(OPTIMIZERS),
+          "optimizer.schedule": list(SCHEDULES)}.get(key, [])
 
 
 def problems(config: Mapping[str, Any]) -> list[str]:
@@ -128,6 +154,10 @@ def problems(config: Mapping[str, Any]) -> list[str]:
     present, value = _get(config, key)
     if present and value is not None and not ok(value):
       out.append(_describe(key, value, allowed, example))
+  present, task = _get(config, "data.task")
+  if present and task is not None and task not in _task_names():
+    out.append(_describe("data.task", task, f"one of {_task_names()}",
+                         "files"))
   if out:  # the rules below assume each field is valid
     return out
   present, model = _get(config, "model")

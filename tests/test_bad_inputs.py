@@ -13,6 +13,7 @@ import contextlib
 import errno
 import gzip
 import hashlib
+import importlib.util
 import itertools
 import json
 import logging
@@ -182,6 +183,75 @@ def test_config_override_errors_print_no_traceback(cli_once, override):
   proc = cli_once("--config=configs/tiny.py", override, "--workdir={run}")
   assert proc.returncode != 0
   assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def load_config(file, arg=None):
+  spec = importlib.util.spec_from_file_location("config", CONFIGS / file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+TASK_CHOICES = (
+    "('glue/cola', 'glue/sst2', 'glue/mrpc', 'glue/qqp', 'glue/stsb', "
+    "'glue/mnli', 'glue/qnli', 'glue/rte', 'glue/wnli', 'glue/ax', "
+    "'squad/v1.1', 'squad/v2.0', 'race/high', 'race/middle', 'race/all', "
+    "'files', 'ner/files', 'ner/conll2003', 'choice/files')")
+
+
+def test_misspelt_finetuning_names_are_refused_with_the_closest():
+  """config.data.task, task_type and v2_head are checked at start, and the
+  registry checks a task name wherever a task is made."""
+  from albert_jax import config_check  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError) as e:
+    registry.make_task("ner/file", {})
+  assert str(e.value) == (
+      "Unknown task config.data.task='ner/file' (did you mean 'ner/files'?); "
+      "use glue/NAME (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli, "
+      "ax) or squad/v1.1, squad/v2.0, race/high, race/middle, race/all, "
+      "files, ner/files, ner/conll2003, choice/files ('files', ner/files "
+      "and choice/files read your own TSV/CSV/JSONL, CoNLL-format and "
+      "multiple-choice files).")
+  classify = load_config("classify.py")
+  classify.data.task = "GLUE/SST-2"
+  classify.data.task_type = "regresion"
+  with pytest.raises(config_check.ConfigError) as e:
+    config_check.check(classify)
+  assert str(e.value) == (
+      "config.data.task_type='regresion' must be one of ('classification', "
+      "'regression') (did you mean 'regression'?), e.g. "
+      "--config.data.task_type=regression; config.data.task='GLUE/SST-2' "
+      f"must be one of {TASK_CHOICES} (did you mean 'glue/sst2'?), e.g. "
+      "--config.data.task=glue/sst2.")
+  squad = load_config("squad.py", "version=2.0")
+  squad.data.v2_head = "simpel"
+  with pytest.raises(config_check.ConfigError) as e:
+    config_check.check(squad)
+  assert str(e.value) == (
+      "config.data.v2_head='simpel' must be one of ('official', 'simple') "
+      "(did you mean 'simple'?), e.g. --config.data.v2_head=simple.")
+  # The optimizer's name too (it used to fail only when the optimizer was
+  # built).
+  squad.data.v2_head = "simple"
+  squad.optimizer.name = "adam"
+  with pytest.raises(config_check.ConfigError) as e:
+    config_check.check(squad)
+  assert str(e.value) == (
+      "config.optimizer.name='adam' must be one of ('adamw', 'lamb') (did "
+      "you mean 'adamw'?), e.g. --config.optimizer.name=adamw.")
+
+
+def test_a_misspelt_task_on_the_command_line_writes_nothing(cli_once):
+  proc = cli_once("--config=configs/classify.py", "--config.data.task=file",
+                  "--workdir={run}")
+  assert proc.returncode == 1
+  assert proc.stderr.splitlines()[-1] == (
+      "error: config.data.task='file' must be one of "
+      f"{TASK_CHOICES} (did you mean 'files'?), e.g. "
+      "--config.data.task=files.")
+  assert "Traceback" not in proc.stderr
+  assert not proc.workdir.exists()
 
 
 def test_config_file_argument_of_wrong_type():

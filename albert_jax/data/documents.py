@@ -9,11 +9,16 @@ Three sources:
 - `read_tfds`: any TFDS dataset by `name[/config][:feature]`, each host
   reading only its own contiguous slice of examples.
 
-Dirty input never crashes a run: lines that are not UTF-8, lines over
-`MAX_LINE_BYTES`, unparsable JSON lines and non-text values are counted in
-`ReadStats` and skipped, with a warning naming the first few and a summary
-warning at the end. Only mistakes that would silently produce a wrong corpus
-(a glob matching nothing, a JSON field that does not exist) raise.
+Dirty input never crashes a run: lines that are not UTF-8 (stray NUL bytes
+included), lines over `MAX_LINE_BYTES`, unparsable JSON lines and non-text
+values are counted in `ReadStats` and skipped, with a warning naming the
+first few and a summary warning at the end (which names the iconv command
+for a corpus in Latin-1). Only mistakes that would silently produce a wrong
+corpus raise: a glob matching nothing, a JSON field that does not exist, and
+a UTF-16 or UTF-32 file (by its byte-order mark, or the NUL bytes beside its
+ASCII text), whose lines would otherwise be read as NUL-riddled "UTF-8"; the
+error names the line, the byte and the iconv command that converts it
+(`albert_jax.text.encoding`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import IO, Iterator, Sequence
 import zlib
 
 from albert_jax import storage
+from albert_jax.text import encoding
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +93,12 @@ class ReadStats:
       log.warning(
           "Skipped %d line(s) that are not UTF-8, %d line(s) over %d bytes, "
           "%d unusable record(s) and the damaged end of %d file(s); the rest "
-          "of the corpus was read.", self.skipped_non_utf8,
+          "of the corpus was read.%s", self.skipped_non_utf8,
           self.skipped_long_lines, MAX_LINE_BYTES, self.skipped_records,
-          self.skipped_files)
+          self.skipped_files,
+          " A corpus in Latin-1 or Windows-1252 loses every line with an "
+          "accent this way: convert it first, e.g. iconv -f latin1 -t utf-8 "
+          "IN > OUT." if self.skipped_non_utf8 else "")
 
   def count_document(self, sentences: list[str]) -> list[str]:
     """Counts a document a reader is about to yield; returns it."""
@@ -147,40 +156,45 @@ def _open(path: str) -> Iterator[IO[bytes]]:
 
 def _lines(path: str, stats: ReadStats,
            max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
-  """(line number, decoded line without newline); bad lines skipped.
+  """(line number, decoded line without newline); damaged lines skipped.
 
   Reads with a size cap so one gigabyte-long line cannot exhaust memory. A
   corrupt or truncated .gz ends its file with a warning, keeping the lines
-  read before the damage.
+  read before the damage. A line that is not UTF-8 is skipped and counted.
+
+  Raises:
+    EncodingError: the file is UTF-16 or UTF-32, naming the line, the byte
+      and the iconv command that converts it.
   """
+  decoder = encoding.LineDecoder(path)
   with _open(path) as reader:
-    number = 0
     while True:
       try:
         raw = reader.readline(max_line_bytes + 1)
         if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+          size = len(raw)
           while raw and not raw.endswith(b"\n"):  # discard the rest
             raw = reader.readline(max_line_bytes + 1)
-          number += 1
-          stats.skip("skipped_long_lines", f"{path}:{number}",
+            size += len(raw)
+          decoder.skip(size)
+          stats.skip("skipped_long_lines", f"{path}:{decoder.number}",
                      f"line longer than {max_line_bytes} bytes")
           continue
       except (EOFError, OSError, zlib.error) as e:
-        stats.skip("skipped_files", f"the rest of {path} after line {number}",
-                   f"unreadable ({e})")
+        stats.skip("skipped_files", f"the rest of {path} after line "
+                   f"{decoder.number}", f"unreadable ({e})")
         return
       if not raw:
         return
-      number += 1
       try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        stats.skip("skipped_non_utf8", f"{path}:{number}",
-                   f"not valid UTF-8 ({e.reason} at byte {e.start})")
+        line = decoder.decode(raw)
+      except encoding.EncodingError as e:
+        if not e.damaged_line:
+          raise
+        stats.skip("skipped_non_utf8", f"{path}:{decoder.number}",
+                   e.reason)
         continue
-      if number == 1:
-        line = line.lstrip("\ufeff")  # byte-order mark some editors write
-      yield number, line.rstrip("\r\n")
+      yield decoder.number, line.rstrip("\r\n")
 
 
 def read_sentence_files(paths: Sequence[str], stats: ReadStats | None = None

@@ -30,15 +30,25 @@ with more; Pearson, Spearman, their mean and MSE for regression.
   metric: the checkpoint-selection metric (default "accuracy", or "pearson"
     for regression); any higher-is-better key `evaluate` reports.
 
+Labels are checked where they are read, as accidents in the data would
+train the wrong classes: surrounding whitespace is stripped (with a warning
+counting the labels it changed); labels that differ only in case ("spam",
+"Spam") are refused with their rows; so is a train file of one label, and an
+eval or test row whose label the train file never has. The label set, with
+each label's training rows, is logged. A misspelt column, task_type or
+metric is refused with the closest valid name.
+
 `tables.split_file` cuts one labelled file into stratified train/eval/test
 files.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
+import logging
 import math
 import os
 from typing import Optional
@@ -48,6 +58,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.finetune import classification
 from albert_jax.finetune import metrics as task_metrics
+from albert_jax.finetune import tabular
 from albert_jax.finetune import task as task_lib
 from albert_jax.finetune.tabular import column
 from albert_jax.finetune.tabular import FileFormatError
@@ -56,6 +67,9 @@ from albert_jax.finetune.tabular import read_table
 from albert_jax.finetune.tabular import sorted_labels
 from albert_jax.finetune.tabular import Table
 
+log = logging.getLogger(__name__)
+
+TASKS = ("files",)
 TASK_TYPES = ("classification", "regression")
 
 
@@ -104,8 +118,9 @@ class FilesTask(classification.SingleLabelTask):
                        "one or two column names.")
     task_type = data.get("task_type", "classification")
     if task_type not in TASK_TYPES:
-      raise ValueError(f"data.task_type={task_type!r}; choose one of "
-                       f"{TASK_TYPES}.")
+      raise ValueError(f"data.task_type={task_type!r}"
+                       f"{tabular.closest(str(task_type), TASK_TYPES)}; "
+                       f"choose one of {TASK_TYPES}.")
     self.regression = task_type == "regression"
     header = data.get("header", None)
     self._tables = {
@@ -115,6 +130,13 @@ class FilesTask(classification.SingleLabelTask):
     for split, table in self._tables.items():
       for name in self.text_columns:
         self._texts(table, name, split)  # fail now, not at load time
+    # Each labelled split's label keys, surrounding whitespace stripped.
+    self._keys = {} if self.regression else {
+        split: tabular.label_keys(
+            column(table, self.label_column, f"data.{split}_file",
+                   "data.label_column"), f"data.{split}_file {table.path}")
+        for split, table in self._tables.items()
+        if split != "test" or self.label_column in table.columns}
     self.labels = None if self.regression else self._label_set(data)
     self.num_labels = 1 if self.regression else len(self.labels)
     self._targets = {split: self._read_targets(split, table)
@@ -122,8 +144,9 @@ class FilesTask(classification.SingleLabelTask):
     allowed = _metric_names(self.regression, self.num_labels)
     self.metric = data.get("metric", None) or allowed[0]
     if self.metric not in allowed:
-      raise ValueError(f"data.metric={self.metric!r}; this task reports "
-                       f"{allowed} (higher is better).")
+      raise ValueError(f"data.metric={self.metric!r}"
+                       f"{tabular.closest(str(self.metric), allowed)}; this "
+                       f"task reports {allowed} (higher is better).")
     self.eval_splits = ("eval",)
     self.predict_splits = ("eval",) + (("test",) if "test" in paths else ())
 
@@ -134,21 +157,46 @@ class FilesTask(classification.SingleLabelTask):
     return tuple(self.text_columns)
 
   def _label_set(self, data) -> tuple[str, ...]:
-    """data.labels, or the train file's labels; at least two, distinct."""
+    """data.labels, or the train file's labels; at least two, distinct.
+
+    The train file must hold rows of two labels or more, none differing
+    from another only in case; its label set with each label's rows is
+    logged.
+    """
+    train = self._tables["train"]
+    where = f"data.train_file {train.path}"
+    counts = collections.Counter(k for k in self._keys["train"] if k != "")
+    tabular.check_case_variants(counts, where)
+    if len(counts) == 1:
+      (only, rows), = counts.items()
+      raise FileFormatError(
+          f"{where} holds only the label {only!r} ({rows} rows); a "
+          "classifier learns from rows of two labels or more. Add rows of "
+          "the other labels (or, for a numeric target, set "
+          "data.task_type='regression').")
     given = data.get("labels", None)
     if given is not None:
       labels = [label_key(v) for v in given]
       where = "data.labels"
+      folded = collections.Counter(k.casefold() for k in labels)
+      clash = [k for k in labels if folded[k.casefold()] > 1]
+      if len(set(clash)) > 1:
+        raise ValueError(f"data.labels lists {clash}, which differ only in "
+                         "case; list each label once, as the data writes "
+                         "it.")
     else:
-      train = self._tables["train"]
-      keys = [label_key(v) for v in column(train, self.label_column,
-                                           "data.train_file")]
-      labels = sorted_labels(k for k in keys if k != "")
-      where = f"the labels of data.train_file {train.path}"
+      labels = sorted_labels(counts)
+      where = f"the labels of {where}"
     if len(labels) < 2 or len(set(labels)) != len(labels):
       raise ValueError(f"{where} give the label set {labels}; classification "
                        "needs at least two distinct labels (or set "
                        "data.task_type='regression').")
+    log.info("data.train_file %s: %d labels, %s.", train.path, len(labels),
+             ", ".join(f"{k} ({counts[k]} rows)" for k in labels))
+    unused = [k for k in labels if not counts[k]]
+    if unused:
+      log.warning("data.labels %s have no rows in data.train_file %s; the "
+                  "model will never predict them.", unused, train.path)
     return tuple(labels)
 
   def _texts(self, table: Table, name: str, split: str) -> list[str]:
@@ -161,34 +209,50 @@ class FilesTask(classification.SingleLabelTask):
 
   def _read_targets(self, split: str, table: Table) -> Optional[tuple]:
     """(labels [N] int32 class ids or float32 values, gold strings), or None
-    for a test file without the label column."""
+    for a test file without the label column.
+
+    A class must occur in the train file: an eval or test row whose label
+    does not is refused, as the model cannot learn it.
+    """
     what = f"data.{split}_file"
     if split == "test" and self.label_column not in table.columns:
       return None
-    values = column(table, self.label_column, what)
-    out = np.zeros(len(values), np.float32 if self.regression else np.int32)
-    index = {} if self.regression else {k: i for i, k in enumerate(
-        self.labels)}
-    for i, (value, line) in enumerate(zip(values, table.lines)):
-      key, where = label_key(value), f"{what} {table.path}, line {line}"
-      if self.regression:
+    values = column(table, self.label_column, what, "data.label_column")
+    if self.regression:
+      out = np.zeros(len(values), np.float32)
+      for i, (value, line) in enumerate(zip(values, table.lines)):
         try:
           out[i] = float(value) if not isinstance(value, bool) else math.nan
         except (TypeError, ValueError):
           out[i] = math.nan
         if not math.isfinite(out[i]):
-          raise FileFormatError(f"{where}: label {value!r} is not a finite "
-                                "number, as regression needs.")
-      elif key == "":
+          raise FileFormatError(f"{what} {table.path}, line {line}: label "
+                                f"{value!r} is not a finite number, as "
+                                "regression needs.")
+      return out, [label_key(v) for v in values]
+    keys = self._keys[split]
+    trained = set(self._keys["train"])
+    index = {k: i for i, k in enumerate(self.labels)}
+    out = np.zeros(len(values), np.int32)
+    for i, (key, line) in enumerate(zip(keys, table.lines)):
+      where = f"{what} {table.path}, line {line}"
+      if key == "":
         raise FileFormatError(f"{where}: empty label; fill it in or drop the "
                               "row.")
-      elif key not in index:
+      if split != "train" and key not in trained:
+        train = self._tables["train"].path
+        raise FileFormatError(
+            f"{where} (row {i}): label {key!r} does not occur in "
+            f"data.train_file {train}"
+            f"{tabular.closest(key, sorted(trained - {''}))}; the model "
+            "cannot learn a label it never sees. Correct the label, or add "
+            "training rows with it.")
+      if key not in index:
         raise FileFormatError(f"{where}: label {key!r} is not in the label "
                               f"set {list(self.labels)}; list every label in "
                               "data.labels.")
-      else:
-        out[i] = index[key]
-    return out, [label_key(v) for v in values]
+      out[i] = index[key]
+    return out, keys
 
   def load(self, split: str, tokenizer, max_seq_length: int) -> task_lib.Split:
     """Featurizes a split read at construction.

@@ -7,7 +7,9 @@ Formats go by extension, each optionally gzipped (`.gz`):
   .csv   RFC 4180 (Excel) quoting; quoted fields may hold commas, quotes and
          newlines.
   .jsonl one JSON object per line.
-Files are UTF-8 (a BOM is allowed); blank lines are skipped. A row's index is
+Files are UTF-8 (a BOM is allowed; other encodings are refused with the
+line, the byte and the iconv command that converts them:
+`albert_jax.text.encoding`); blank lines are skipped. A row's index is
 its 0-based position among the data rows (header and blank lines excluded).
 Paths are local (`~` expanded) or `gs://BUCKET/...` (`albert_jax.storage`).
 
@@ -20,17 +22,22 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import difflib
 import gzip
 import io
 import json
+import logging
 import math
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from albert_jax import storage
+from albert_jax.text import encoding
+
+log = logging.getLogger(__name__)
 
 FORMATS = (".tsv", ".csv", ".jsonl")
 
@@ -68,22 +75,19 @@ def file_format(path: str) -> str:
 
 
 def _lines(path: str):
-  """Yields (line number, text) with strict UTF-8 decoding line by line, so
-  a bad byte is reported where it is."""
+  """Yields (line number, text) with strict UTF-8 decoding line by line
+  (`albert_jax.text.encoding`), so a bad byte is reported where it is."""
+  decoder = encoding.LineDecoder(path)
   try:
     with storage.path(path).open("rb") as stored, (
         gzip.GzipFile(fileobj=stored, mode="rb") if path.endswith(".gz")
         else stored) as f:
-      for number, raw in enumerate(f, 1):
-        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-          raw = raw[3:]
+      for raw in f:
         try:
-          yield number, raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          raise FileFormatError(
-              f"{path}, line {number}: bytes {raw[e.start:e.end]!r} at "
-              f"byte {e.start + 1} of the line are not UTF-8. Re-save the "
-              "file as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+          text = decoder.decode(raw)
+        except encoding.EncodingError as e:
+          raise FileFormatError(str(e)) from None
+        yield decoder.number, text
   except (gzip.BadGzipFile, EOFError) as e:
     raise FileFormatError(f"{path}: not a complete gzip file ({e}).") from None
 
@@ -238,18 +242,83 @@ def sorted_labels(keys) -> list[str]:
     return keys
 
 
-def column(table: Table, name: str, what: str) -> list[Any]:
-  """A column's values; a missing column is an error listing those found."""
+def label_keys(values: Sequence[Any], what: str) -> list[str]:
+  """The label keys (`label_key`) of a label column, surrounding whitespace
+  stripped: "spam " is "spam", as a stray space in a spreadsheet cell means
+  it to be. Warns once per file with the count.
+
+  Args:
+    values: the column's values.
+    what: the file, as the warning names it ("data.train_file PATH").
+  """
+  keys = [label_key(v) for v in values]
+  stripped = [k.strip() for k in keys]
+  changed = [(k, s) for k, s in zip(keys, stripped) if k != s]
+  if changed:
+    log.warning("%s: stripped the surrounding whitespace of %d label(s), "
+                "e.g. %r → %r.", what, len(changed), *changed[0])
+  return stripped
+
+
+def check_case_variants(counts: Mapping[str, int], what: str) -> None:
+  """Refuses labels that differ only in case ("spam" and "Spam"): an
+  accident in the data, which would train them as two classes.
+
+  Args:
+    counts: label → rows.
+    what: the file, as the error names it.
+
+  Raises:
+    FileFormatError: naming the variants, their rows and the fix.
+  """
+  groups: dict[str, list[tuple[str, int]]] = {}
+  for key, n in counts.items():
+    groups.setdefault(key.casefold(), []).append((key, n))
+  clashes = [sorted(g, key=lambda kn: (-kn[1], kn[0]))
+             for g in groups.values() if len(g) > 1]
+  if not clashes:
+    return
+  shown = "; ".join(", ".join(f"{k!r} ({n} rows)" for k, n in group)
+                    for group in clashes[:3])
+  (common, _), (rare, _) = clashes[0][:2]
+  raise FileFormatError(
+      f"{what} has labels that differ only in case: {shown}. Write each "
+      f"label one way (e.g. every {rare!r} as {common!r}), or name the "
+      "classes distinctly if they are meant to differ.")
+
+
+def closest(name: str, choices: Sequence[str]) -> str:
+  """" (did you mean 'x'?)" for the choice closest to a misspelt `name`,
+  case aside, or "" if none is close."""
+  folded = {c.casefold(): c for c in choices}
+  found = difflib.get_close_matches(name.casefold(), list(folded), n=1,
+                                    cutoff=0.6)
+  return f" (did you mean {folded[found[0]]!r}?)" if found else ""
+
+
+def column(table: Table, name: str, what: str,
+           key: str = "the column name") -> list[Any]:
+  """A column's values; a missing column is an error listing those found
+  and the closest.
+
+  Args:
+    table: the file's rows.
+    name: the column.
+    what: how the error names the file ("data.train_file").
+    key: the config key that named the column ("data.label_column").
+  """
   if name not in table.columns:
     raise FileFormatError(
-        f"{what} {table.path} has no column {name!r}; its columns are "
-        f"{list(table.columns)}. Fix the column name in the config"
+        f"{what} {table.path} has no column {name!r}"
+        f"{closest(name, table.columns)}; its columns are "
+        f"{list(table.columns)}. Fix {key} in the config"
         + ("." if table.has_header else " or data.header."))
   values = []
   for row, line in zip(table.rows, table.lines):
     if name not in row:  # JSONL objects need not share keys
       raise FileFormatError(f"{what} {table.path}, line {line}: no field "
-                            f"{name!r}; every JSON object needs one.")
+                            f"{name!r}{closest(name, row)}; every JSON "
+                            "object needs one.")
     values.append(row[name])
   return values
 
@@ -319,11 +388,13 @@ def split_file(path: str, out_dir: str,
     raise ValueError(f"fractions={fractions}: give three positive shares "
                      "(train, eval, test) that sum to 1.")
   table = read_table(path, header, "split_file input")
-  keys = [label_key(v) for v in column(table, label_column,
-                                       "split_file input")]
+  keys = label_keys(column(table, label_column, "split_file input",
+                           "label_column"), f"split_file input {path}")
   groups: dict[str, list[int]] = {}
   for i, key in enumerate(keys):
     groups.setdefault(key, []).append(i)
+  check_case_variants({k: len(v) for k, v in groups.items()},
+                      f"split_file input {path}")
   rng = np.random.default_rng(seed)
   parts: list[list[int]] = [[], [], []]
   for key in sorted_labels(groups):

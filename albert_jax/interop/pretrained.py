@@ -73,28 +73,62 @@ class Pretrained:
     self.heads = tuple(self.heads)
     self.module = albert_lib.Albert(self.model_config, pooler=self.pooler,
                                 heads=self.heads)
+    if (self.tokenizer is not None
+        and self.tokenizer.vocab_size > self.model_config.vocab_size):
+      # Loaded anyway, for model(ids); fill_mask and embed refuse it.
+      log.warning("%s", self._tokenizer_misfit())
+
+  def _tokenizer_misfit(self) -> str:
+    n, v = self.tokenizer.vocab_size, self.model_config.vocab_size
+    return (f"The tokenizer ({self.tokenizer.path or 'in memory'}) has {n} "
+            f"pieces but the model embeds {v} ids ([0, {v - 1}]), so its "
+            f"ids from {v} on would be misread; set .tokenizer to the one the "
+            "model was trained with.")
+
+  def _check_tokenizer(self) -> None:
+    """Refuses a tokenizer whose ids the model cannot embed (fill_mask and
+    embed encode text with it)."""
+    if (self.tokenizer is not None
+        and self.tokenizer.vocab_size > self.model_config.vocab_size):
+      raise ValueError(self._tokenizer_misfit())
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
     """Forward pass.
 
     Args:
-      input_ids: [B, T] int.
-      token_type_ids: [B, T] int, default zeros.
-      attention_mask: [B, T], 1 = token, 0 = padding; default all ones.
+      input_ids: [B, T] int, each in [0, vocab_size).
+      token_type_ids: [B, T] int in [0, type_vocab_size), default zeros.
+      attention_mask: [B, T] int or bool, 1 = token, 0 = padding (values
+        above 1 mark packed sequences); default all ones.
 
     Returns:
       dict of "sequence_output" [B, T, H] and, where the checkpoint has them,
       "pooled_output" [B, H], "mlm_logits" [B, T, V], "sop_logits" [B, 2],
       "rtd_logits" [B, T], "lm_logits" [B, T, V] (a causal model's scores
       for each next token).
+
+    Raises:
+      ValueError: ids that are not [B, T] integers in [0, vocab_size) (a
+        gather would clip them to the last row and give wrong outputs
+        without an error), or token types or a mask not of their shape and
+        range.
     """
-    ids = jnp.asarray(input_ids, jnp.int32)
-    tt = (jnp.zeros_like(ids) if token_type_ids is None
-          else jnp.asarray(token_type_ids, jnp.int32))
-    mask = (jnp.ones_like(ids) if attention_mask is None
-            else jnp.asarray(attention_mask, jnp.int32))
-    return _forward(self.model_config, self.pooler, self.heads, self.params,
-                    ids, tt, mask)
+    cfg = self.model_config
+    ids = _array(input_ids, "input_ids")
+    albert_lib.check_ids(ids, cfg.vocab_size)
+    ids = jnp.asarray(ids, jnp.int32)
+    if token_type_ids is None:
+      tt = jnp.zeros_like(ids)
+    else:
+      tt = _companion(token_type_ids, "token_type_ids", ids.shape,
+                      cfg.type_vocab_size, "0 for the first segment and 1 "
+                      "for the second")
+    if attention_mask is None:
+      mask = jnp.ones_like(ids)
+    else:
+      mask = _companion(attention_mask, "attention_mask", ids.shape, None,
+                        "1 for a token and 0 for padding")
+    return _forward(cfg, self.pooler, self.heads, self.params, ids, tt, mask)
 
   def fill_mask(self, text: str, top_k: int = 5) -> dict[str, Any]:
     """Predicts the tokens behind each "[MASK]" in `text` with the MLM head.
@@ -145,6 +179,7 @@ class Pretrained:
           "checkpoint that holds one, e.g. an HF *ForMaskedLM or "
           "*ForPreTraining directory, an official ALBERT release or an "
           "albert_jax pre-training workdir.")
+    self._check_tokenizer()
     ids, positions = text_inputs.mask_input_ids(
         self.tokenizer, text, self.model_config.max_position_embeddings)
     vocab = self.model_config.vocab_size
@@ -205,6 +240,7 @@ class Pretrained:
     if self.tokenizer is None:
       raise ValueError("embed needs the checkpoint's tokenizer, and it has "
                        "none; set .tokenizer = Tokenizer.from_file(...).")
+    self._check_tokenizer()
     single = not isinstance(texts, list)
     items = [texts] if single else texts
     limit = self.model_config.max_position_embeddings
@@ -275,6 +311,40 @@ def _forward(cfg: ModelConfig, pooler: bool, heads: tuple[str, ...], params,
              ids, token_type_ids, attention_mask):
   module = albert_lib.Albert(cfg, pooler=pooler, heads=heads)
   return module.apply({"params": params}, ids, token_type_ids, attention_mask)
+
+
+def _array(value, name: str):
+  """`value` as an array (NumPy for lists), refusing ragged rows."""
+  if hasattr(value, "shape") and hasattr(value, "dtype"):
+    return value
+  try:
+    return np.asarray(value)
+  except ValueError:
+    raise ValueError(f"{name} must be [batch, seq] with rows of one length; "
+                     "pad the shorter rows (and mark the padding 0 in "
+                     "attention_mask).") from None
+
+
+def _companion(value, name: str, shape, limit: int | None, meaning: str):
+  """token_type_ids or attention_mask, checked against the ids' `shape`
+  and, where known, values in [0, limit) (>= 0 where `limit` is None), as
+  int32."""
+  value = _array(value, name)
+  if tuple(value.shape) != tuple(shape):
+    raise ValueError(f"{name} has shape {tuple(value.shape)} but input_ids "
+                     f"{tuple(shape)}; give one value per token: {meaning}.")
+  if not (jnp.issubdtype(value.dtype, jnp.integer)
+          or jnp.issubdtype(value.dtype, jnp.bool_)):
+    raise ValueError(f"{name} must be integers, got dtype {value.dtype}: "
+                     f"{meaning}.")
+  if not isinstance(value, jax.core.Tracer) and value.size:
+    values = np.asarray(value)
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or (limit is not None and high >= limit):
+      allowed = f"[0, {limit - 1}]" if limit is not None else "0 or more"
+      raise ValueError(f"{name} holds values in [{low}, {high}] but the "
+                       f"model takes {allowed}: {meaning}.")
+  return jnp.asarray(value, jnp.int32)
 
 
 def _unbox(tree):

@@ -96,10 +96,60 @@ def test_bad_lines_skipped_counted_and_warned(tmp_path, caplog, suffix):
   assert stats.skipped_non_utf8 == 1
   assert stats.skipped_long_lines == 2
   text = caplog.text
-  assert f"{path}:2" in text and "UTF-8" in text  # names file:line
+  assert (f"Skipping {path}:2: not valid UTF-8 (bytes b'\\xff' at byte 5)."
+          in text)
   assert f"{path}:4" in text and "longer than" in text
   assert "Skipped 1 line(s) that are not UTF-8, 2 line(s) over" in text
   assert stats.skipped_files == 0
+
+
+@pytest.mark.parametrize("name, data, expected", [
+    ("bom16.txt.gz", "One.\nTwo.\n".encode("utf-16"),
+     "{path} starts with the byte-order mark of UTF-16 (little-endian) "
+     "text; albert_jax reads UTF-8. Re-save it as UTF-8, e.g. zcat "
+     "bom16.txt.gz | iconv -f utf-16 -t utf-8 | gzip > bom16.utf8.txt.gz"),
+    ("bom32.txt", "One.\n".encode("utf-32"),
+     "{path} starts with the byte-order mark of UTF-32 (little-endian) "
+     "text; albert_jax reads UTF-8. Re-save it as UTF-8, e.g. iconv -f "
+     "utf-32le -t utf-8 bom32.txt > bom32.utf8.txt"),
+    ("be16.txt", "One.\nTwo.\n".encode("utf-16-be"),
+     "{path}, line 1, byte 1 (offset 0): NUL bytes beside the text, as "
+     "UTF-16 without a byte-order mark writes it (or the file is not text); "
+     "albert_jax reads UTF-8. Re-save it as UTF-8, e.g. iconv -f utf-16be "
+     "-t utf-8 be16.txt > be16.utf8.txt"),
+    ("le16.txt", "\nOne.\n".encode("utf-16-le"),
+     "{path}, line 2, byte 1 (offset 1): NUL bytes beside the text, as "
+     "UTF-16 without a byte-order mark writes it (or the file is not text); "
+     "albert_jax reads UTF-8. Re-save it as UTF-8, e.g. iconv -f utf-16le "
+     "-t utf-8 le16.txt > le16.utf8.txt"),
+], ids=["utf16-bom-gz", "utf32-bom", "utf16be", "utf16le"])
+def test_a_utf16_corpus_is_refused(tmp_path, name, data, expected):
+  """Its lines after the first decode as "UTF-8" riddled with NULs: they
+  would be trained on, not skipped."""
+  path = _write(tmp_path / name, data)
+  for read in (docs_lib.read_sentence_files, docs_lib.read_raw_files):
+    with pytest.raises(ValueError) as e:
+      list(read([path]))
+    assert str(e.value) == expected.format(path=path)
+
+
+def test_latin1_and_nul_lines_are_skipped_with_the_fix(tmp_path, caplog):
+  path = _write(tmp_path / "c.txt",
+                "Café one.\nPlain two.\n".encode("latin-1")
+                + b"Bad\x00line.\nThree.\n")
+  stats = docs_lib.ReadStats()
+  with caplog.at_level(logging.WARNING, logger=docs_lib.__name__):
+    got = list(docs_lib.read_sentence_files([path], stats))
+  assert got == [["Plain two.", "Three."]]
+  assert stats.skipped_non_utf8 == 2
+  assert [r.getMessage() for r in caplog.records] == [
+      f"Skipping {path}:1: not valid UTF-8 (bytes b'\\xe9' at byte 4).",
+      f"Skipping {path}:3: not valid UTF-8 text (a NUL byte at byte 4).",
+      f"Skipped 2 line(s) that are not UTF-8, 0 line(s) over "
+      f"{docs_lib.MAX_LINE_BYTES} bytes, 0 unusable record(s) and the "
+      "damaged end of 0 file(s); the rest of the corpus was read. A corpus "
+      "in Latin-1 or Windows-1252 loses every line with an accent this way: "
+      "convert it first, e.g. iconv -f latin1 -t utf-8 IN > OUT."]
 
 
 def test_truncated_gzip_keeps_what_was_readable(tmp_path, caplog):

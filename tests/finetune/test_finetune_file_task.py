@@ -5,6 +5,7 @@ corpus."""
 import gzip
 import itertools
 import json
+import logging
 
 import flax.linen as nn
 import jax
@@ -144,9 +145,11 @@ def test_bundled_spam_first_rows(tmp_path, tok):
   with gzip.open(SPAM, "rt", encoding="utf-8") as f:
     head = list(itertools.islice(f, 21))
   assert head[0] == "label\ttext\tsplit\n"
-  train = _write(tmp_path / "spam.tsv", "".join(head))
-  # The file starts with its ham rows, so the label set is given.
-  task = file_task.make_task("files", _data(train_file=train, eval_file=train,
+  rows = _write(tmp_path / "spam.tsv", "".join(head))
+  # The file starts with its ham rows: training needs a spam row too.
+  train = _write(tmp_path / "train.tsv",
+                 "".join(head) + "spam\tcheap pills, click now\ttrain\n")
+  task = file_task.make_task("files", _data(train_file=train, eval_file=rows,
                                             labels=["ham", "spam"]))
   assert task.labels == ("ham", "spam") and task.metric == "accuracy"
   split = task.load("eval", tok, SEQ)
@@ -178,16 +181,19 @@ def test_errors_name_file_line_and_fix(tmp_path):
                      "not exist"):
     file_task.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, b"text\tlabel\nfine\tpos\ncaf\xe9\tpos\n")
-  with pytest.raises(ValueError, match=r"bad.tsv, line 3: bytes b'\\xe9'.*"
-                     "not UTF-8"):
+  with pytest.raises(ValueError) as e:
     file_task.make_task("files", _data(**d))
+  assert str(e.value) == (
+      f"{tsv}, line 3, byte 4 (offset 23): bytes b'\\xe9' are not UTF-8; "
+      "the file looks like Latin-1 or Windows-1252 text. Re-save it as "
+      "UTF-8, e.g. iconv -f latin1 -t utf-8 bad.tsv > bad.utf8.tsv")
   d["eval_file"] = _write(tsv, "text\tlabel\na\tpos\nb\tneg\textra\n")
   with pytest.raises(ValueError, match=r"bad.tsv, line 3: 3 fields, but "
                      r"there are 2 columns \(text, label\)"):
     file_task.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, "text\tlabel\n\na\tpos\nb\tmaybe\n")
-  with pytest.raises(ValueError, match=r"bad.tsv, line 4: label 'maybe' is "
-                     r"not in the label set \['neg', 'neutral', 'pos'\]"):
+  with pytest.raises(ValueError, match=r"bad.tsv, line 4 \(row 1\): label "
+                     r"'maybe' does not occur in data.train_file"):
     file_task.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, "sentence\tlabel\na\tpos\n")
   with pytest.raises(ValueError, match=r"no column 'text'; its columns are "
@@ -252,6 +258,150 @@ def test_config_errors(tmp_path):
     file_task.make_task("files", _data(eval_file="x.tsv"))
   with pytest.raises(ValueError, match=r"Unknown task 'glue/cola'"):
     file_task.make_task("glue/cola", _data())
+
+
+def _message(tmp_path, **kw) -> str:
+  with pytest.raises(ValueError) as e:
+    _task(tmp_path, **kw)
+  return str(e.value)
+
+
+def _relabel(rows, *labels):
+  return [(t, o, label, s) for (t, o, _, s), label in zip(rows, labels)]
+
+
+def test_label_whitespace_is_stripped_and_the_label_set_logged(tmp_path,
+                                                                caplog):
+  train = _relabel(ROWS, " pos", "neg ", "neutral", "pos")
+  with caplog.at_level(logging.INFO, logger="albert_jax.finetune"):
+    task = _task(tmp_path, ".jsonl", train=train,
+                 eval_rows=_relabel(ROWS[:2], "pos\t", "neg"))
+  assert task.labels == ("neg", "neutral", "pos")
+  train_path, eval_path = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+  assert [r.getMessage() for r in caplog.records] == [
+      f"data.train_file {train_path}: stripped the surrounding whitespace "
+      "of 2 label(s), e.g. ' pos' → 'pos'.",
+      f"data.eval_file {eval_path}: stripped the surrounding whitespace of "
+      "1 label(s), e.g. 'pos\\t' → 'pos'.",
+      f"data.train_file {train_path}: 3 labels, neg (1 rows), neutral (1 "
+      "rows), pos (2 rows)."]
+  assert [r.levelname for r in caplog.records] == [
+      "WARNING", "WARNING", "INFO"]
+  assert task._targets["eval"][1] == ["pos", "neg"]  # the gold as stripped
+  np.testing.assert_array_equal(task._targets["eval"][0], [2, 0])
+
+
+def test_labels_that_differ_only_in_case_are_refused(tmp_path):
+  train = _relabel(ROWS, "spam", "ham", "Spam", "spam")
+  assert _message(tmp_path, train=train) == (
+      f"data.train_file {tmp_path / 'train.tsv'} has labels that differ "
+      "only in case: 'spam' (2 rows), 'Spam' (1 rows). Write each label one "
+      "way (e.g. every 'Spam' as 'spam'), or name the classes distinctly if "
+      "they are meant to differ.")
+  assert _message(tmp_path, labels=["pos", "Pos", "neg"]) == (
+      "data.labels lists ['pos', 'Pos'], which differ only in case; list "
+      "each label once, as the data writes it.")
+  # split_file refuses them too, naming its input.
+  src = _in_format(tmp_path / "all.tsv", train)
+  with pytest.raises(ValueError) as e:
+    tabular.split_file(src, str(tmp_path / "out"))
+  assert str(e.value) == (
+      f"split_file input {src} has labels that differ only in case: 'spam' "
+      "(2 rows), 'Spam' (1 rows). Write each label one way (e.g. every "
+      "'Spam' as 'spam'), or name the classes distinctly if they are meant "
+      "to differ.")
+
+
+def test_a_train_file_of_one_label_is_refused(tmp_path):
+  one = _relabel(ROWS, "pos", "pos", "pos", "pos")
+  expected = (
+      f"data.train_file {tmp_path / 'train.tsv'} holds only the label 'pos' "
+      "(4 rows); a classifier learns from rows of two labels or more. Add "
+      "rows of the other labels (or, for a numeric target, set "
+      "data.task_type='regression').")
+  assert _message(tmp_path, train=one) == expected
+  # Listing the other labels in data.labels does not make up for the rows.
+  assert _message(tmp_path, train=one, labels=["neg", "pos"]) == expected
+
+
+def test_an_eval_label_the_train_file_lacks_is_refused(tmp_path, caplog):
+  train = _relabel(ROWS, "spam", "ham", "ham", "spam")
+  assert _message(
+      tmp_path, train=train,
+      eval_rows=_relabel(ROWS[:3], "ham", "Spam", "spam")) == (
+          f"data.eval_file {tmp_path / 'eval.tsv'}, line 3 (row 1): label "
+          f"'Spam' does not occur in data.train_file {tmp_path / 'train.tsv'}"
+          " (did you mean 'spam'?); the model cannot learn a label it never "
+          "sees. Correct the label, or add training rows with it.")
+  # Listed in data.labels but never trained on: refused as well (and the
+  # label without rows is warned of).
+  with caplog.at_level(logging.WARNING, logger="albert_jax.finetune"):
+    message = _message(tmp_path, train=train, labels=["ham", "spam", "eggs"],
+                       eval_rows=_relabel(ROWS[:1], "eggs"))
+  assert message.startswith(f"data.eval_file {tmp_path / 'eval.tsv'}, line "
+                            "2 (row 0): label 'eggs' does not occur in ")
+  assert caplog.records[-1].getMessage() == (
+      f"data.labels ['eggs'] have no rows in data.train_file "
+      f"{tmp_path / 'train.tsv'}; the model will never predict them.")
+
+
+@pytest.mark.parametrize("data, expected", [
+    (("text\tlabel\ncafé\tpos\n".encode("utf-16"), "e.tsv"),
+     "{path} starts with the byte-order mark of UTF-16 (little-endian) "
+     "text; albert_jax reads UTF-8. Re-save it as UTF-8, e.g. iconv -f "
+     "utf-16 -t utf-8 e.tsv > e.utf8.tsv"),
+    (("text\tlabel\ncafé\tpos\n".encode("utf-16-le"), "e.tsv.gz"),
+     "{path}, line 1, byte 2 (offset 1 of the uncompressed text): NUL "
+     "bytes beside the text, as UTF-16 without a byte-order mark writes it "
+     "(or the file is not text); albert_jax reads UTF-8. Re-save it as "
+     "UTF-8, e.g. zcat e.tsv.gz | iconv -f utf-16le -t utf-8 | gzip > "
+     "e.utf8.tsv.gz"),
+    (("text,label\n\"Zoë, 2\",pos\n".encode("cp1252"), "e.csv"),
+     "{path}, line 2, byte 4 (offset 14): bytes b'\\xeb' are not UTF-8; "
+     "the file looks like Latin-1 or Windows-1252 text. Re-save it as "
+     "UTF-8, e.g. iconv -f latin1 -t utf-8 e.csv > e.utf8.csv"),
+    (('{"text": "ok é", "label": "pos"}\n{"text": "b\xe9", "label": '
+      '"neg"}\n').encode("utf-8").replace(b"b\xc3\xa9", b"b\xe9"),
+     "{path}, line 2, byte 12 (offset 45): bytes b'\\xe9' are not UTF-8; "
+     "earlier lines are, so this line is damaged or the file mixes "
+     "encodings: re-save that line as UTF-8"),
+], ids=["utf16-bom", "utf16le-gz", "cp1252", "damaged-utf8"])
+def test_other_encodings_are_refused_with_the_place_and_the_fix(
+    tmp_path, data, expected):
+  raw, name = data if isinstance(data, tuple) else (data, "e.jsonl")
+  path = _write(tmp_path / name, raw)
+  d = _data(train_file=_in_format(tmp_path / "train.tsv", ROWS),
+            eval_file=path)
+  with pytest.raises(tabular.FileFormatError) as e:
+    file_task.make_task("files", d)
+  assert str(e.value) == expected.format(path=path)
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path, tok):
+  path = _write(tmp_path / "eval.csv", "\ufefftext,label\ncafé,pos\n")
+  d = _data(train_file=_in_format(tmp_path / "train.tsv", ROWS),
+            eval_file=path)
+  split = file_task.make_task("files", d).load("eval", tok, SEQ)
+  assert split.examples.gold == ["pos"]
+  ids = [tok.cls_id] + tok.encode("café") + [tok.sep_id]
+  assert split.features["input_ids"][0, :len(ids)].tolist() == ids
+
+
+def test_misspelt_names_are_refused_with_the_closest(tmp_path):
+  assert _message(tmp_path, label_column="lable") == (
+      f"data.train_file {tmp_path / 'train.tsv'} has no column 'lable' (did "
+      "you mean 'label'?); its columns are ['text', 'other', 'label', "
+      "'score']. Fix data.label_column in the config.")
+  assert _message(tmp_path, text_column="Text") == (
+      f"data.train_file {tmp_path / 'train.tsv'} has no column 'Text' (did "
+      "you mean 'text'?); its columns are ['text', 'other', 'label', "
+      "'score']. Fix the column name in the config.")
+  assert _message(tmp_path, task_type="regresion") == (
+      "data.task_type='regresion' (did you mean 'regression'?); choose one "
+      "of ('classification', 'regression').")
+  assert _message(tmp_path, metric="acuracy") == (
+      "data.metric='acuracy' (did you mean 'accuracy'?); this task reports "
+      "('accuracy', 'macro_f1') (higher is better).")
 
 
 ################################################################################

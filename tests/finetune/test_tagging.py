@@ -83,6 +83,23 @@ def test_conll_files_and_first_subword_labels(tmp_path, tiny_tokenizer):
                                     "eval_file": str(train)})
 
 
+def test_conll_files_in_other_encodings_are_refused(tmp_path):
+  """CoNLL files are read by the labelled-file reader: a UTF-8 byte-order
+  mark is dropped; Latin-1 is refused with the line, byte and fix."""
+  good = tmp_path / "good.txt"
+  good.write_bytes("\ufeffZoë B-PER\nrejects O\n".encode("utf-8"))
+  assert tagging.read_conll(str(good)) == ([["Zoë", "rejects"]],
+                                           [["B-PER", "O"]])
+  bad = tmp_path / "latin1.txt"
+  bad.write_bytes("EU B-ORG\nZoë B-PER\n".encode("latin-1"))
+  with pytest.raises(tabular.FileFormatError) as e:
+    tagging.read_conll(str(bad))
+  assert str(e.value) == (
+      f"{bad}, line 2, byte 3 (offset 11): bytes b'\\xeb' are not UTF-8; "
+      "the file looks like Latin-1 or Windows-1252 text. Re-save it as "
+      "UTF-8, e.g. iconv -f latin1 -t utf-8 latin1.txt > latin1.utf8.txt")
+
+
 def test_tfds_conll2003_mock_data(tiny_tokenizer):
   task = tagging.make_task("ner/conll2003", {"tfds_download": False})
   with tfds.testing.mock_data(num_examples=3):

@@ -1,0 +1,112 @@
+"""A finished fine-tuning workdir refuses to rerun on other data
+(finetune/run.py `check_data`): its checkpoints, predictions and
+final_metrics.json stay those of the data it was trained on."""
+
+import json
+import os
+
+import pytest
+
+from albert_jax import config_lib
+from albert_jax.finetune import run as ft
+from albert_jax.finetune import tabular
+from albert_jax.training import recipe
+from test_bad_inputs import snapshot  # pylint: disable=g-bad-import-order
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
+SEQ, VOCAB = 16, 50
+
+
+def _tsv(path, rows):
+  path.write_text("text\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows),
+                  encoding="utf-8")
+  return str(path)
+
+
+def _config(tokenizer, **data):
+  c = config_lib.classify_config(batch_size=4, num_train_steps=2,
+                                 warmup_steps=1, max_seq_length=SEQ)
+  for k, v in config_lib.tiny_model(vocab_size=VOCAB,
+                                    max_position_embeddings=SEQ,
+                                    num_hidden_layers=1).items():
+    c.model[k] = v
+  c.data.tokenizer = tokenizer
+  c.data.text_column = "text"
+  c.data.split_fractions = (0.6, 0.2, 0.2)
+  c.data.update(data)
+  c.log_every_steps = c.eval_every_steps = c.checkpoint_every_steps = 2
+  c.async_checkpoints = False
+  c.fast_compile = True
+  return c
+
+
+def test_a_finished_workdir_refuses_other_data(tmp_path, spm_of_size):
+  tokenizer = spm_of_size(VOCAB)
+  words = ["abc def", "gh ab", "cab bad", "fed hag", "bag deed"]
+  first = _tsv(tmp_path / "first.tsv",
+               [(w, "xy"[i % 2]) for i, w in enumerate(words * 4)])
+  other = _tsv(tmp_path / "other.tsv",
+               [(w, "xy"[i % 3 == 0]) for i, w in enumerate(words * 4)])
+  # The demo's layout: data.split_from cut into WORKDIR/data, as
+  # run_after_pretraining cuts it, then fine-tuned there.
+  pretrain = tmp_path / "pretrain"
+  workdir = str(pretrain / "finetune")
+  parts = tabular.split_file(first, os.path.join(workdir, "data"),
+                             (0.6, 0.2, 0.2), seed=0)
+  trained = _config(tokenizer, split_from=first,
+                    **{f"{k}_file": v["path"] for k, v in parts.items()})
+  result = ft.run(trained, workdir)
+  assert result["step"] == 2 and result["data"] == "first.tsv"
+  before = snapshot(workdir)
+  with open(os.path.join(workdir, "final_metrics.json"),
+            encoding="utf-8") as f:
+    assert json.load(f) == result
+
+  # The same data passes: the same files, or the same source split again.
+  ft.check_data(trained, workdir)
+  ft.check_data(_config(tokenizer, split_from=first), workdir)
+  fix = ("; its checkpoints, predictions and final_metrics.json belong to "
+         "the data it was trained on. Fine-tune on the new data in a new "
+         "workdir (another --workdir), or rerun with the original files.")
+  # Another source for the split: refused before the split rewrites
+  # WORKDIR/data (or anything else is written).
+  with pytest.raises(recipe.RecipeError) as e:
+    ft.run_after_pretraining(_config(tokenizer, split_from=other),
+                             str(pretrain))
+  assert str(e.value) == (
+      f"{workdir} was fine-tuned on data.split_from={first}, and this run "
+      f"gives other data (data.split_from={other})" + fix)
+  # Other files named directly: refused by the run itself.
+  again = _config(tokenizer, train_file=other,
+                  eval_file=parts["eval"]["path"],
+                  test_file=parts["test"]["path"])
+  with pytest.raises(recipe.RecipeError) as e:
+    ft.run(again, workdir)
+  assert str(e.value) == (
+      f"{workdir} was fine-tuned on data.split_from={first}, and this run "
+      f"gives other data (data.train_file={other})" + fix)
+  assert snapshot(workdir) == before  # final_metrics.json as it was
+
+
+def test_a_changed_file_and_a_dropped_one_are_named(tmp_path):
+  """The message names what changed; a workdir trained on named files names
+  them (no fine-tune needed: the recipe and config.json are what count)."""
+  train = _tsv(tmp_path / "train.tsv", [("a b", "x"), ("c d", "y")])
+  test = _tsv(tmp_path / "test.tsv", [("e f", "x")])
+  config = _config("", train_file=train, eval_file=train, test_file=test)
+  workdir = tmp_path / "workdir"
+  workdir.mkdir()
+  recipe.record(config, str(workdir))
+  (workdir / "config.json").write_text(config.to_json_best_effort(),
+                                       encoding="utf-8")
+  ft.check_data(config, str(workdir))
+  _tsv(tmp_path / "train.tsv", [("a b", "x"), ("c d", "x")])
+  config.data.test_file = None
+  with pytest.raises(recipe.RecipeError) as e:
+    ft.check_data(config, str(workdir))
+  assert str(e.value).startswith(
+      f"{workdir} was fine-tuned on data.train_file={train}, "
+      f"data.eval_file={train}, data.test_file={test}, and this run gives "
+      f"other data (data.train_file={train} (its content changed), "
+      f"data.eval_file={train} (its content changed), data.test_file=none);")
