@@ -50,6 +50,9 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("classes", None),
 )
 DATA_AXES = ("data", "fsdp")
+# A run's default `config.mesh`: data parallelism over every device.
+DEFAULT_MESH: tuple[tuple[str, int], ...] = (
+    ("data", -1), ("fsdp", 1), ("tensor", 1))
 
 
 _MESH_EXAMPLE = "--config.mesh=\"(('data',-1),('fsdp',1),('tensor',1))\""

@@ -2,10 +2,12 @@
 
 The notebook is executed in a fresh python3 kernel with CHECKPOINT pointing
 at a tiny random ALBERT (transformers' AlbertForPreTraining with a trained
-SentencePiece vocabulary); its printed fill-in and fine-tuning results are
-checked against transformers and the run's own metrics file.
+SentencePiece vocabulary); its printed fill-in, fine-tuning and prediction
+results are checked against transformers, the run's own metrics file and
+the fine-tuned model reloaded here.
 """
 
+import ast
 import json
 import re
 
@@ -113,5 +115,47 @@ def test_notebook_runs_on_a_tiny_checkpoint(checkpoint, tmp_path,
   (accuracy,) = re.findall(r"^eval accuracy: (\d\.\d{3}) after 20 steps",
                            stdout_of(tagged(nb, "finetune")), re.M)
   assert accuracy == f"{metrics['eval_accuracy']:.3f}"
+  check_predictions(tagged(nb, "predict"), workdir, metrics["best_step"])
   predictions = stdout_of(code[-1]).strip().splitlines()
   assert len(predictions) == 1 + 4  # header and the 4 evaluation rows
+
+
+def literal(cell, name: str):
+  """The value a cell assigns to `name` as a literal."""
+  (value,) = [node.value for node in ast.parse(cell.source).body
+              if isinstance(node, ast.Assign)
+              and [getattr(t, "id", None) for t in node.targets] == [name]]
+  return ast.literal_eval(value)
+
+
+PROBABILITIES = "  probabilities: "
+
+
+def check_predictions(cell, workdir, best_step: int) -> None:
+  """The "predict" cell's output: the reloaded classifier's task, labels
+  and step, then per new text (in order) "LABEL (P): TEXT" and its
+  probabilities by label, equal to this process's predictions."""
+  texts = literal(cell, "NEW_TEXTS")
+  with open(workdir / "task.json", encoding="utf-8") as f:
+    labels = tuple(json.load(f)["labels"])
+  assert sorted(labels) == ["negative", "positive"]
+  lines = stdout_of(cell).splitlines()
+  assert lines[0] == (f"classification on labels {labels}, step "
+                      f"{best_step}")
+  assert len(lines) == 1 + 2 * len(texts)
+  want = albert_jax.load_pretrained(str(workdir), step="best").predict(texts)
+  for text, line, probs_line, w in zip(texts, lines[1::2], lines[2::2], want):
+    label, probability, printed = re.fullmatch(
+        r"(\S+) \((\d\.\d{3})\): (.*)", line).groups()
+    assert printed == text
+    assert label in labels
+    assert probs_line.startswith(PROBABILITIES), probs_line
+    probs = json.loads(probs_line[len(PROBABILITIES):])
+    assert tuple(probs) == labels
+    assert abs(sum(probs.values()) - 1) < 1e-5
+    assert label == max(probs, key=probs.get)
+    assert probability == f"{probs[label]:.3f}"
+    assert label == w["label"]
+    np.testing.assert_allclose(list(probs.values()),
+                               list(w["probabilities"].values()), rtol=0,
+                               atol=1e-5)

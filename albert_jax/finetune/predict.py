@@ -22,6 +22,11 @@ Inputs are featurized exactly as the task featurized its data, padded to
 its `max_seq_length` and run in fixed-size batches, so a model's
 predictions on its own eval rows are the run's eval predictions
 (`albert_jax.finetune.predict_tasks` encodes and decodes each task type).
+With several devices, prediction is sharded as training was: the mesh and
+logical axis rules the run recorded (its config.json's `mesh` and
+`sharding_rules`; the defaults of `albert_jax.sharding` otherwise), the
+parameters placed by their logical axes and every batch split over the
+data axes, padded to a multiple of their size.
 `albert_jax.finetune.predict_files.predict_file` streams a
 TSV/CSV/JSONL(.gz) file into a JSONL file of predictions; `main` is its
 command line (`python -m albert_jax.predict`).
@@ -29,6 +34,7 @@ command line (`python -m albert_jax.predict`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -37,8 +43,11 @@ import sys
 from typing import Any, Sequence
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax.finetune import batching
 from albert_jax.finetune import classification
@@ -51,12 +60,14 @@ from albert_jax.finetune.predict_tasks import PredictError
 from albert_jax.finetune.squad import head as squad_head
 from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import INPUT_KEYS
+from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 TASK_FILE = "task.json"
 TOKENIZER_DIR = "tokenizer"
+RUN_CONFIG_FILE = "config.json"  # the run's config (`loop.record_config`)
 TASK_TYPES = ("classification", "regression", "multiple_choice",
               "question_answering", "token_classification")
 
@@ -165,6 +176,11 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
   if tokenizer is None:
     raise CheckpointError(f"{path} has no {TOKENIZER_DIR}/ holding the "
                           "vocabulary the run featurized its data with.")
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise CheckpointError(
+        f"{path}/{TOKENIZER_DIR} has {tokenizer.vocab_size} pieces but the "
+        f"model embeds {cfg.vocab_size}: it is not the vocabulary this run "
+        f"featurized with; restore the run's own {TOKENIZER_DIR}/.")
   module = FineTuneModel(cfg, head_for(info, cfg),
                          lm_head=info.get("lm_head", False))
   abstract = _unbox(jax.eval_shape(
@@ -180,10 +196,56 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
   except (checkpoints.CheckpointShapeError,
           checkpoints.UnreadableCheckpointError) as e:
     raise CheckpointError(f"Fine-tuning workdir {path}: {e}") from e
+  mesh_axes, sharding_rules = _recorded_sharding(root)
   return FineTuned(task=info["task"], task_type=info["task_type"],
                    labels=info.get("labels"), model_config=cfg,
                    params=params, tokenizer=tokenizer, settings=info,
-                   step=restored, path=path)
+                   step=restored, path=path, mesh_axes=mesh_axes,
+                   sharding_rules=sharding_rules)
+
+
+def _recorded_sharding(root) -> tuple[Any, Any]:
+  """(config.mesh, config.sharding_rules) of the run whose workdir `root`
+  is, from its config.json; (None, None) where it has none (prediction then
+  takes `albert_jax.sharding`'s defaults, which runs start from)."""
+  try:
+    config = json.loads((root / RUN_CONFIG_FILE).read_text())
+  except (OSError, json.JSONDecodeError):
+    return None, None
+  if not isinstance(config, dict):
+    return None, None
+  return config.get("mesh"), config.get("sharding_rules")
+
+
+def prediction_mesh(mesh_axes=None, sharding_rules=None):
+  """(mesh, rules) to predict on when there are several devices, else
+  (None, None).
+
+  Args:
+    mesh_axes: `config.mesh`'s (name, size) pairs, -1 for the rest of the
+      devices; None: `sharding.DEFAULT_MESH`. A mesh the devices present
+      cannot form (a run's data=16 × fsdp=4 on a host of 8) is replaced by
+      the default, with a warning.
+    sharding_rules: `config.sharding_rules`; None: `sharding.DEFAULT_RULES`.
+  """
+  if jax.device_count() == 1:
+    return None, None
+  axes = sharding_lib.DEFAULT_MESH if mesh_axes is None else mesh_axes
+  try:
+    mesh = sharding_lib.make_mesh(axes)
+  except ValueError as e:
+    mesh = sharding_lib.make_mesh(sharding_lib.DEFAULT_MESH)
+    log.warning("The run's mesh does not fit: %s Predicting on mesh %s "
+                "instead.", e, mesh_description(mesh))
+  rules = sharding_lib.rules_for(mesh, [
+      tuple(r) for r in (sharding_lib.DEFAULT_RULES if sharding_rules is None
+                         else sharding_rules)])
+  return mesh, rules
+
+
+def mesh_description(mesh) -> str:
+  """A mesh's axes and sizes: "data=4, fsdp=1, tensor=1"."""
+  return ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
 
 
 def _unbox(tree):
@@ -212,6 +274,14 @@ class FineTuned:
       featurization's settings).
     step: the checkpoint's step.
     path: the workdir (or HF directory) it was loaded from.
+    mesh_axes: with several devices, the mesh to predict on, as
+      `config.mesh` gives it (a fine-tuning workdir's run recorded it);
+      None: `sharding.DEFAULT_MESH`. See `prediction_mesh`.
+    sharding_rules: the logical axis rules (`config.sharding_rules`);
+      None: `sharding.DEFAULT_RULES`.
+
+  After construction `mesh` is the `jax.sharding.Mesh` predictions run on
+  (None on one device, where nothing is sharded) and `rules` its rules.
   """
   task: str
   task_type: str
@@ -222,6 +292,8 @@ class FineTuned:
   settings: dict
   step: int | None = None
   path: str | None = None
+  mesh_axes: Any = None
+  sharding_rules: Any = None
 
   def __post_init__(self):
     self.params = _unbox(self.params)
@@ -230,8 +302,38 @@ class FineTuned:
                                 head_for(self.settings, self.model_config),
                                 lm_head=self.settings.get("lm_head", False))
     module = self.module
-    self._apply = jax.jit(lambda p, b: module.apply({"params": p}, b,
-                                                    deterministic=True))
+    apply = lambda p, b: module.apply({"params": p}, b,  # noqa: E731
+                                      deterministic=True)
+    self.mesh, self.rules = prediction_mesh(self.mesh_axes,
+                                            self.sharding_rules)
+    self._data_sharding = None
+    if self.mesh is None:
+      self._apply = jax.jit(apply)
+      return
+    # The parameters' logical axes, which their boxes carry.
+    boxed = jax.eval_shape(
+        lambda batch: module.init(jax.random.key(0), batch,
+                                  deterministic=True),
+        _example_batch(self.settings))["params"]
+    shardings = sharding_lib.logical_shardings(boxed, self.mesh, self.rules)
+    self.params = jax.device_put(self.params, shardings)
+    self._data_sharding = sharding_lib.data_sharding(self.mesh)
+    # Replicated outputs, as training's eval step returns them: every
+    # process can read them whole.
+    self._apply = jax.jit(
+        apply, in_shardings=(shardings, self._data_sharding),
+        out_shardings=NamedSharding(self.mesh, P()))
+
+  @contextlib.contextmanager
+  def _sharding_context(self):
+    """The mesh and logical axis rules the model's activation constraints
+    resolve against (nothing on one device)."""
+    if self.mesh is None:
+      yield
+      return
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
 
   @property
   def max_seq_length(self) -> int:
@@ -244,7 +346,8 @@ class FineTuned:
     Args:
       features: INPUT_KEYS [N, T] ([N, C, T] for multiple choice) and, for
         question answering, "p_mask" [N, T].
-      batch_size: rows per forward pass (the last batch is padded).
+      batch_size: rows per forward pass (the last batch is padded); with
+        several devices, rounded up to a multiple of the data axes' size.
 
     Returns:
       The head's outputs as NumPy arrays with leading dim N (e.g. "logits"
@@ -252,16 +355,29 @@ class FineTuned:
     """
     keys = INPUT_KEYS + (("p_mask",) if "p_mask" in features else ())
     inputs = {k: features[k] for k in keys}
+    ids = np.asarray(inputs["input_ids"])
+    if ids.ndim >= 2:  # [N, T], or [N, C, T] for multiple choice
+      ids = ids.reshape(-1, ids.shape[-1])
+    # The compiled forward sees only shapes: the values are checked here.
+    albert_lib.check_ids(ids, self.model_config.vocab_size)
     n = int(inputs["input_ids"].shape[0])
     if n == 0:
       raise PredictError("Nothing to predict: no inputs were given.")
     # Fewer rows than a batch: the next power of two, so a handful of
     # inputs neither pads to a full batch nor compiles for every count.
     rows = min(int(batch_size), 1 << (n - 1).bit_length())
+    if self.mesh is not None:
+      # Each data-parallel device takes an equal share of every batch.
+      dp = sharding_lib.data_parallel_size(self.mesh)
+      rows = -(-rows // dp) * dp
     parts = []
-    for batch in batching.ArrayBatches(inputs, rows).eval_batches():
-      batch.pop("weights")
-      parts.append(jax.device_get(self._apply(self.params, batch)))
+    batches = batching.ArrayBatches(inputs, rows,
+                                    sharding=self._data_sharding)
+    with self._sharding_context():
+      for batch in batches.eval_batches():
+        batch.pop("weights")
+        parts.append(jax.device_get(self._apply(self.params, batch)))
+    # Padding rows (copies of row 0) are dropped.
     return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
 
   def to_hf(self, path: str, model_type: str | None = None) -> None:
@@ -325,9 +441,23 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--header", default=None,
                       help="comma-separated column names of a TSV/CSV "
                       "without a header row")
-  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--batch_size", type=int, default=32,
+                      help="rows per forward pass; with several devices, "
+                      "rounded up to a multiple of the data axes' size")
   parser.add_argument("--no_progress", action="store_true")
+  parser.add_argument("--num_fake_devices", type=int, default=0,
+                      help="use N CPU devices (set before JAX starts, by "
+                      "`python -m albert_jax.predict`) to predict sharded "
+                      "as on N accelerators")
   args = parser.parse_args(argv)
+  fake = args.num_fake_devices
+  if fake < 0:
+    parser.error(f"--num_fake_devices={fake} must be a whole number >= 0, "
+                 "e.g. --num_fake_devices=8")
+  if fake > 0 and jax.device_count() != fake:
+    parser.error(f"--num_fake_devices={fake} takes effect only as JAX "
+                 f"starts, but it has started with {jax.device_count()} "
+                 "device(s); pass it to `python -m albert_jax.predict`.")
   from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
   step = args.step
   if step not in (None, "best"):
@@ -345,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (CheckpointError, PredictError, tabular.FileFormatError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  where = ("" if model.mesh is None
+           else f"; mesh {mesh_description(model.mesh)}")
   print(f"{count} predictions written to {args.output} (step {model.step} "
-        f"of {args.model}).", file=sys.stderr)
+        f"of {args.model}{where}).", file=sys.stderr)
   return 0

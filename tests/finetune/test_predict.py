@@ -1,21 +1,28 @@
 """Reloading fine-tuned models: `load_pretrained(workdir)` → `.predict` on
 raw text agrees with the run's own eval predictions, for every task type;
-the prediction CLI on a small file; `embed` on a pre-training model."""
+the prediction CLI on a small file; prediction sharded over 4 CPU devices
+as training shards; `embed` on a pre-training model."""
 
 import gzip
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 
-import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 import albert_jax
+import albert_jax.text.train
 from albert_jax import config_lib
 from albert_jax import storage
 from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune import run as ft
 from albert_jax.interop import CheckpointError
+from locations import REPO
 
 # Every run compiles the same few programs; later runs read them back.
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -108,6 +115,37 @@ def test_classifier_errors(classifier, tmp_path):
     albert_jax.load_pretrained(str(tmp_path), step="best")
 
 
+def test_forward_refuses_ids_the_model_cannot_embed(classifier, tmp_path):
+  workdir, texts, _ = classifier
+  model = albert_jax.load_pretrained(workdir)
+  features = {k: np.zeros((2, 8), np.int32)
+              for k in ("input_ids", "token_type_ids", "attention_mask")}
+  vocab = model.model_config.vocab_size
+  features["input_ids"][1, 3] = vocab  # one past the last row
+  with pytest.raises(ValueError, match=re.escape(
+      f"input_ids holds ids in [0, {vocab}] but the model's vocabulary has "
+      f"{vocab} entries ([0, {vocab - 1}]); use the tokenizer the model was "
+      "trained with.")):
+    model(features)
+  features["input_ids"] = features["input_ids"].astype(np.float32)
+  with pytest.raises(ValueError, match="must be integer token ids"):
+    model(features)
+  # A workdir whose tokenizer/ was swapped for a larger vocabulary.
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  tok_dir = copy / predict_lib.TOKENIZER_DIR
+  for f in tok_dir.iterdir():
+    f.unlink()
+  big = albert_jax.text.train.train(
+      [_write(tmp_path / "c.txt", [f"w{i} x{i} y{i}\n" for i in range(400)])],
+      vocab + 50, output=str(tok_dir / "spiece.model"), seed=0)
+  with pytest.raises(CheckpointError, match=re.escape(
+      f"{copy}/tokenizer has {big.vocab_size} pieces but the model embeds "
+      f"{vocab}: it is not the vocabulary this run featurized with; restore "
+      "the run's own tokenizer/.")):
+    albert_jax.load_pretrained(str(copy))
+
+
 def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
   workdir, texts, _ = classifier
   rows = "".join(json.dumps({"text": t, "id": i}) + "\n"
@@ -131,6 +169,151 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
   assert capsys.readouterr().err == (
       f"error: {bad}, line 2: no column 'text' (columns: ['words']); name "
       "the text columns with --columns.\n")
+
+
+################################################################################
+# Several devices: the training code's sharding.
+################################################################################
+
+
+# Run in a subprocess: 4 CPU devices must be set before JAX starts, and this
+# process's JAX (conftest.py) has one. Prints, as JSON, the mesh, each
+# parameter's shape and shard shape, each batch's and its shards' shapes
+# and its sharding's spec, the predictions, and the mesh taken in place of
+# one the devices cannot form.
+_SHARDED_SCRIPT = r"""
+import json, sys
+import jax
+jax.config.update("jax_default_matmul_precision", "highest")
+import albert_jax
+from albert_jax.finetune import predict as predict_lib
+
+workdir, texts = sys.argv[1], json.loads(sys.argv[2])
+model = albert_jax.load_pretrained(workdir)
+batches = []
+apply = model._apply
+
+def recording_apply(params, batch):
+  ids = batch["input_ids"]
+  batches.append({"shape": list(ids.shape), "spec": str(ids.sharding.spec),
+                  "shards": sorted({str(s.data.shape)
+                                    for s in ids.addressable_shards}),
+                  "devices": len(ids.sharding.device_set)})
+  return apply(params, batch)
+
+model._apply = recording_apply
+params = {
+    jax.tree_util.keystr(path, simple=True, separator="/"): [
+        list(leaf.shape), list(leaf.addressable_shards[0].data.shape),
+        len(leaf.sharding.device_set)]
+    for path, leaf in jax.tree_util.tree_flatten_with_path(model.params)[0]}
+# A run's mesh these devices cannot form gives way to the default.
+fallback, _ = predict_lib.prediction_mesh([["data", 16], ["fsdp", 4]])
+print(json.dumps({"devices": jax.device_count(),
+                  "mesh": dict(model.mesh.shape),
+                  "fallback": dict(fallback.shape), "params": params,
+                  "predictions": model.predict(texts, batch_size=3),
+                  "batches": batches}))
+"""
+
+
+def _assert_same_predictions(got, want):
+  """Labels equal, probabilities within 1e-5."""
+  assert [g["label"] for g in got] == [w["label"] for w in want]
+  for g, w in zip(got, want):
+    assert list(g["probabilities"]) == list(w["probabilities"])
+    np.testing.assert_allclose(list(g["probabilities"].values()),
+                               list(w["probabilities"].values()), rtol=0,
+                               atol=1e-5)
+
+
+def test_prediction_is_sharded_as_training_is(classifier, tmp_path):
+  workdir, texts, _ = classifier
+  # The run's recorded mesh is what prediction takes: here FSDP over 2 of
+  # the 4 devices, so weights with an `embed` axis are split in two.
+  copy = tmp_path / "work"
+  shutil.copytree(workdir, copy)
+  config = json.loads((copy / "config.json").read_text())
+  assert config["mesh"] == [["data", -1], ["fsdp", 1], ["tensor", 1]]
+  config["mesh"] = [["data", 2], ["fsdp", 2], ["tensor", 1]]
+  (copy / "config.json").write_text(json.dumps(config))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
+                       + " --xla_force_host_platform_device_count=4")}
+  proc = subprocess.run(
+      [sys.executable, "-c", _SHARDED_SCRIPT, str(copy), json.dumps(texts)],
+      env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  out = json.loads(proc.stdout.splitlines()[-1])
+  assert out["devices"] == 4
+  assert out["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+  assert out["fallback"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert ("WARNING:albert_jax.finetune.predict:The run's mesh does not "
+          "fit: Mesh {'data': 16, 'fsdp': 4} has 64 devices but 4 are "
+          "available; set one axis to -1 or fix the sizes in config.mesh. "
+          "Predicting on mesh data=4, fsdp=1, tensor=1 instead."
+          ) in proc.stderr.splitlines()
+  # Every weight is on all 4 devices; FSDP halves each one's hidden
+  # (`embed`, 64) axis and stores the others whole on every device.
+  params = out["params"]
+  assert {devices for _, _, devices in params.values()} == {4}
+  split = {k: [a // b for a, b in zip(shape, shard)]
+           for k, (shape, shard, _) in params.items() if shape != shard}
+  assert len(params) == 27 and len(split) == 16
+  assert all(sorted(parts) == [1] * (len(parts) - 1) + [2]
+             for parts in split.values())
+  assert params["albert/encoder/ffn/intermediate/kernel"][:2] == [
+      [1, 64, 128], [1, 32, 128]]
+  assert params["head/classifier/kernel"][:2] == [[64, 3], [32, 3]]
+  assert params["albert/embeddings/word_embeddings/embedding"][:2] == [
+      [300, 32], [300, 32]]
+  # 7 rows at batch_size 3: batches of 4 (a multiple of the 4 data-parallel
+  # devices), the second ending in a padding row; one row per device.
+  assert len(texts) == 7
+  assert out["batches"] == [
+      {"shape": [4, SEQ], "spec": "P(('data', 'fsdp'),)",
+       "shards": [f"(1, {SEQ})"], "devices": 4}] * 2
+  want = albert_jax.load_pretrained(workdir).predict(texts, batch_size=3)
+  assert len(out["predictions"]) == 7
+  _assert_same_predictions(out["predictions"], want)
+
+
+def test_predict_cli_on_fake_devices(classifier, tmp_path):
+  workdir, texts, _ = classifier
+  source = tmp_path / "in.tsv"
+  source.write_text("text\n" + "".join(f"{t}\n" for t in texts))
+  out = tmp_path / "out.jsonl"
+  # --num_fake_devices alone makes the 4 devices, as for training.
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if "device_count" not in f)
+  proc = subprocess.run(
+      [sys.executable, "-m", "albert_jax.predict", f"--model={workdir}",
+       f"--input={source}", f"--output={out}", "--batch_size=3",
+       "--no_progress", "--num_fake_devices=4"],
+      env={**os.environ, "XLA_FLAGS": flags}, cwd=REPO, capture_output=True,
+      text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  assert proc.stderr.splitlines()[-1] == (
+      f"7 predictions written to {out} (step 4 of {workdir}; mesh data=4, "
+      "fsdp=1, tensor=1).")
+  lines = [json.loads(x) for x in out.read_text().splitlines()]
+  assert [x["row"] for x in lines] == list(range(7))
+  model = albert_jax.load_pretrained(workdir)
+  _assert_same_predictions(lines, model.predict(texts, batch_size=3))
+
+
+def test_predict_cli_fake_devices_must_come_first(classifier, tmp_path,
+                                                  capsys):
+  workdir, _, _ = classifier
+  with pytest.raises(SystemExit) as exit_info:
+    predict_lib.main([f"--model={workdir}", "--input=x.tsv",
+                      f"--output={tmp_path / 'out.jsonl'}",
+                      "--num_fake_devices=4"])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      "python -m albert_jax.predict: error: --num_fake_devices=4 takes "
+      "effect only as JAX starts, but it has started with 1 device(s); "
+      "pass it to `python -m albert_jax.predict`.")
 
 
 ################################################################################
