@@ -87,8 +87,12 @@ def model_config(**overrides: Any) -> ml_collections.ConfigDict:
 def albert_model(size: str, version: int = 2) -> ml_collections.ConfigDict:
   """An official ALBERT release's model section.
 
-  v2 (default) has no dropout and gelu_new; v1 has dropout 0.1 and exact
-  gelu, except xxlarge, which has no dropout in either version.
+  v2 (default) has no dropout; v1 has dropout 0.1, except xxlarge, which
+  has none in either version. Both use gelu_new, the tanh form: it is what
+  the official code computes for the "gelu" its releases' albert_config.json
+  name, so both releases were trained with it. HF's v1 config.json files say
+  "gelu", which transformers runs as the exact erf form; loading one of
+  those runs erf, as transformers does (`interop.hf_config`).
   """
   if size not in ALBERT_SIZES:
     raise ValueError(f"Unknown ALBERT size {size!r}; choose one of "
@@ -100,7 +104,7 @@ def albert_model(size: str, version: int = 2) -> ml_collections.ConfigDict:
   return model_config(
       vocab_size=30000, embedding_size=128, hidden_size=hidden,
       num_hidden_layers=layers, num_attention_heads=heads,
-      intermediate_size=ffn, hidden_act="gelu" if version == 1 else "gelu_new",
+      intermediate_size=ffn, hidden_act="gelu_new",
       hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
       share="all", embedding_projection=True)
 
@@ -155,8 +159,8 @@ def _run_fields(c: ml_collections.ConfigDict, optimizer: str,
   # logical parameter/activation axes onto them.
   # Tuples, because ml-collections can override tuple fields from the command
   # line (--config.mesh="(('data',16),('fsdp',4))") but not list fields.
-  c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
   from albert_jax import sharding  # pylint: disable=g-import-not-at-top
+  c.mesh = sharding.DEFAULT_MESH
   c.sharding_rules = tuple(
       (name, tuple(t) if isinstance(t, (list, tuple)) else t)
       for name, t in sharding.DEFAULT_RULES)

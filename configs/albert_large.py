@@ -3,7 +3,9 @@ r"""ALBERT-large: 18M parameters, BERT-large's shape with one shared layer.
 24 layers, H=1024, 16 heads, FFN 4096, E=128, every layer shared.
 
 Argument (`:k=v` after the file name): `version=1|2` (default 2). v1 has
-dropout 0.1 and exact gelu; v2 no dropout and gelu_new (tanh), as released.
+dropout 0.1, v2 none, as released; both use gelu_new (tanh), the official
+code's "gelu" that both releases were trained with (HF's v1 config.json
+files say "gelu", the erf form; see config_lib.albert_model).
 
   python -m albert_jax.tools.summary --config=configs/albert_large.py
   python -m albert_jax.tools.summary --config=configs/albert_large.py:version=1

@@ -5,8 +5,10 @@ stored parameters than BERT-large but ~7.5x its training FLOPs per token:
 the one shared layer is very wide and still runs 12 times.
 
 Argument (`:k=v` after the file name): `version=1|2` (default 2). The two
-differ only in activation (v1 exact gelu, v2 gelu_new): the paper found
-dropout hurt xxlarge, so neither release uses it.
+model sections are the same: the paper found dropout hurt xxlarge, so
+neither release uses it, and both were trained with gelu_new (tanh), the
+official code's "gelu" (HF's v1 config.json files say "gelu", the erf form;
+see config_lib.albert_model). v2 differs in its training data and length.
 
   python -m albert_jax.tools.summary --config=configs/albert_xxlarge.py
   python -m albert_jax.tools.summary --config=configs/albert_xxlarge.py:version=1

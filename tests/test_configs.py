@@ -1,6 +1,7 @@
 """The config files: they load, their `:arg`s work, and they build the
 published models (parameter counts checked to the last scalar)."""
 
+import dataclasses
 import importlib.util
 import math
 
@@ -14,6 +15,9 @@ import pytest
 
 from albert_jax import Albert
 from albert_jax import ModelConfig
+from albert_jax.interop import hf_config
+from albert_jax.interop import tf_checkpoint
+from albert_jax.model import layers
 from albert_jax.training import run_spec
 
 CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
@@ -186,13 +190,50 @@ def test_albert_versions(size):
   # xxlarge was released without dropout in both versions.
   want = 0.0 if size == "xxlarge" else 0.1
   assert v1.hidden_dropout_prob == v1.attention_probs_dropout_prob == want
-  assert v1.hidden_act == "gelu"
   assert v2.hidden_dropout_prob == v2.attention_probs_dropout_prob == 0.0
-  assert v2.hidden_act == "gelu_new"
+  # Both releases were trained with the official code's "gelu", the tanh
+  # form (test_albert_v1_activation_on_each_path).
+  assert v1.hidden_act == v2.hidden_act == "gelu_new"
   other = {k: v for k, v in v1.items()
-           if k not in ("hidden_act", "hidden_dropout_prob",
-                        "attention_probs_dropout_prob")}
+           if k not in ("hidden_dropout_prob", "attention_probs_dropout_prob")}
   assert other == {k: v2[k] for k in other}
+
+
+# ALBERT-base v1's settings (dropout 0.1, "gelu") under the keys that both
+# the official albert_config.json and HF's config.json use.
+V1_BASE = dict(vocab_size=30000, embedding_size=128, hidden_size=768,
+               num_hidden_layers=12, num_hidden_groups=1,
+               num_attention_heads=12, intermediate_size=3072,
+               inner_group_num=1, hidden_act="gelu", hidden_dropout_prob=0.1,
+               attention_probs_dropout_prob=0.1, max_position_embeddings=512,
+               type_vocab_size=2, initializer_range=0.02)
+
+
+def test_albert_v1_activation_on_each_path():
+  """The v1 releases' "gelu", read three ways.
+
+  - Training from scratch (configs/albert_*.py:version=1): gelu_new, the
+    tanh form, which the official modeling.py's gelu() computes for
+    "gelu" and so the form the releases were trained with.
+  - An official TF v1 checkpoint (albert_config.json "gelu"): gelu_new,
+    so the weights run with the activation they were trained with, and its
+    model equals configs/albert_base.py:version=1's.
+  - An HF v1 checkpoint (config.json "gelu"): "gelu", the exact erf form,
+    as transformers runs it (ACT2FN["gelu"]), for parity with transformers.
+  """
+  scratch = ModelConfig.from_dict(
+      get_config("albert_base", "version=1").model)
+  tf_v1 = tf_checkpoint.config_from_tf(
+      {**V1_BASE, "net_structure_type": 0, "gap_size": 0,
+       "num_memory_blocks": 0, "down_scale_factor": 1})
+  hf_v1 = hf_config.config_from_hf({**V1_BASE, "model_type": "albert",
+                                    "layer_norm_eps": 1e-12})
+  assert (scratch.hidden_act, tf_v1.hidden_act, hf_v1.hidden_act) == (
+      "gelu_new", "gelu_new", "gelu")
+  assert layers.activation("gelu_new") is layers.gelu_tanh
+  assert layers.activation("gelu") is layers.gelu_erf
+  assert tf_v1 == scratch
+  assert hf_v1 == dataclasses.replace(scratch, hidden_act="gelu")
 
 
 def test_unknown_arg_fails_with_suggestion():

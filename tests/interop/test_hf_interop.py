@@ -40,6 +40,7 @@ from albert_jax.interop import CheckpointError
 from albert_jax.interop.pretrained import load_pretrained
 from albert_jax.interop.pretrained import Pretrained
 from albert_jax.model import albert as albert_lib
+from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 
 torch = pytest.importorskip("torch")
@@ -439,6 +440,23 @@ def test_config_defaults_follow_transformers():
   reference = transformers.AlbertConfig()
   for key in CONFIG_KEYS["albert"]:
     assert getattr(cfg, key) == getattr(reference, key), key
+
+
+def test_v1_gelu_runs_as_transformers_runs_it():
+  """HF's v1 configs say "gelu", which transformers runs as the erf form
+  (the official TF code's "gelu" is the tanh form, up to 4.7e-4 away): an HF
+  v1 checkpoint runs erf here too, for parity with transformers."""
+  cfg = hf.config_from_hf({"model_type": "albert", "hidden_act": "gelu",
+                           "hidden_dropout_prob": 0.1,
+                           "attention_probs_dropout_prob": 0.1})
+  assert cfg.hidden_act == "gelu"
+  x = np.linspace(-6.0, 6.0, 1201, dtype=np.float32)
+  ours = np.asarray(layers.activation(cfg.hidden_act)(x))
+  act = transformers.activations.ACT2FN
+  theirs = act["gelu"](torch.from_numpy(x)).numpy()
+  np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+  tanh = act["gelu_new"](torch.from_numpy(x)).numpy()
+  assert np.max(np.abs(tanh - theirs)) > 4e-4
 
 
 def test_config_not_json(zoo, tmp_path):

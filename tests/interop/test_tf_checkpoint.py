@@ -22,6 +22,7 @@ import pytest
 
 from albert_jax.interop import tf_checkpoint
 from albert_jax.interop import CheckpointError
+from albert_jax.model import layers
 from albert_jax.interop.pretrained import load_pretrained
 
 tf = pytest.importorskip("tensorflow")
@@ -294,8 +295,19 @@ def test_bad_official_config(changes, expected):
 
 
 def test_official_gelu_is_the_tanh_form():
-  assert tf_checkpoint.config_from_tf(official_config()).hidden_act == (
-      "gelu_new")
+  """A release's "gelu" runs as the official modeling.py's gelu(), the form
+  its weights were trained with: x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x +
+  0.044715 * x^3))), not the erf form (up to 4.7e-4 away)."""
+  for config in (official_config(), official_config(
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)):  # v1
+    assert tf_checkpoint.config_from_tf(config).hidden_act == "gelu_new"
+  x = np.linspace(-6.0, 6.0, 1201, dtype=np.float32)
+  ours = np.asarray(layers.activation("gelu_new")(x))
+  official = x * 0.5 * (1.0 + np.tanh(
+      np.sqrt(2 / np.pi) * (x + 0.044715 * np.power(x, 3))))
+  np.testing.assert_allclose(ours, official, rtol=0, atol=1e-6)
+  erf = np.asarray(layers.activation("gelu")(x))
+  assert np.max(np.abs(erf - official)) > 4e-4
 
 
 def test_without_tensorflow_says_what_to_install(release, monkeypatch):
