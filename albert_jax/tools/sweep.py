@@ -29,6 +29,7 @@ are Python modules, read from the local disk.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import difflib
 import hashlib
@@ -226,12 +227,15 @@ def read_metrics(workdir: str) -> dict | None:
   return json.loads(path.read_text()) if path.exists() else None
 
 
-def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str):
-  """Runs `cmd` into `log` (a live line on a terminal); (status, metrics)."""
+def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str,
+              env: Mapping[str, str] | None = None, live: bool | None = None):
+  """Runs `cmd` into `log` (a live line on a terminal unless `live` is
+  False); (status, metrics). `env` adds to the environment."""
   log.parent.mkdir(parents=True, exist_ok=True)
   print(f"{prefix}: running, log in {log}", flush=True)
-  start, live = time.time(), sys.stdout.isatty()
-  env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+  start = time.time()
+  live = sys.stdout.isatty() if live is None else live
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
   with log.open("wb") as f, log.open("rb") as r:
     proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     while (proc.poll() if live else proc.wait()) is None:
@@ -255,6 +259,22 @@ def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str):
   print(f"{prefix}: FAILED ({why}) after {took:.1f} s; end of {log}:\n"
         + "\n".join("  " + line for line in tail))
   return "failed", metrics
+
+
+def _run_all(todo, parallel: int, status: dict, metrics: dict) -> None:
+  """Runs the trials of `todo` [(name, run_trial args)], `parallel` at once,
+  filling `status` and `metrics`."""
+  if parallel == 1:
+    for name, trial_args in todo:
+      status[name], metrics[name] = run_trial(*trial_args)
+    return
+  env = ({} if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ else
+         {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"})
+  with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+    futures = {name: pool.submit(run_trial, *trial_args, env=env, live=False)
+               for name, trial_args in todo}
+    for name, future in futures.items():
+      status[name], metrics[name] = future.result()
 
 
 def results_table(trials: Mapping[str, Trial], status: Mapping[str, str],
@@ -290,12 +310,19 @@ def _parse(argv):
   add("--results_only", action="store_true", help="Only write results.md.")
   add("--main_module", default="albert_jax.main", help="Module run per trial, "
       "or a script path ending in .py.")
+  add("--parallel", type=int, default=1, help="Trials run at once (one "
+      "process each; on one accelerator each gets 1/N of its memory, "
+      "through XLA_PYTHON_CLIENT_MEM_FRACTION unless that is set).")
   split = argv.index("--") if "--" in argv else len(argv)
   return p.parse_args(argv[:split]), argv[split + 1:]
 
 
 def main(argv: list[str] | None = None) -> int:
   args, extra = _parse(sys.argv[1:] if argv is None else argv)
+  if args.parallel < 1:
+    print(f"sweep: --parallel={args.parallel}; give 1 (one trial after "
+          "another) or more.", file=sys.stderr)
+    return 2
   try:
     config, trials = load_sweep(args.sweep, args.config)
     validate(config, trials, [a[len("--config."):].split("=", 1)[0]
@@ -307,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
   module = args.main_module
   python = "python" if args.print_commands else sys.executable
   launch = [python, *([] if module.endswith(".py") else ["-m"]), module]
-  status, metrics = {}, {}
+  status, metrics, todo = {}, {}, []
   for i, (name, trial) in enumerate(trials.items(), 1):
     workdir, prefix = f"{root}/{name}", f"[{i}/{len(trials)}] {name}"
     # Printing commands need not reach gs://.
@@ -327,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
       log = (epath.Path("sweep_logs", name + ".log")
              if storage.is_remote(root) else epath.Path(workdir, "sweep.log"))
-      status[name], metrics[name] = run_trial(launch + cmd, workdir, log,
-                                              prefix)
+      todo.append((name, (launch + cmd, workdir, log, prefix)))
   if args.print_commands:
     return 0
+  _run_all(todo, args.parallel, status, metrics)
   table = results_table(trials, status, metrics)
   print("\n" + table)
   storage.path(root).mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,10 @@ FAKE_MAIN = textwrap.dedent("""\
     with open(os.path.join(os.path.dirname(workdir), "calls.txt"), "a") as f:
       f.write(json.dumps(sys.argv[1:]) + "\\n")
     print("fake main starting in", workdir)
+    with open(os.path.join(workdir, "times.json"), "w") as f:
+      json.dump([time.time(), os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+                 os.environ.get("FAKE_SLEEP")], f)
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
     if args.get("--config.seed") == "7":
       time.sleep(0.5)  # long enough for a live status line
     lr = float(args.get("--config.optimizer.learning_rate", "0.001"))
@@ -322,6 +326,37 @@ def test_local_run_then_resume(env, capsys):
   assert "learning_rate=0.004" in _calls(root)[-1][1]
   assert f"| {n1} | done | 0.001 | 30 | 0.1 | 0.5 |" in out
   assert "| ok | 0.004 | 30 | 0.4 | 0.5 |" in (root / "results.md").read_text()
+
+
+def test_parallel_trials_overlap_and_share_accelerator_memory(
+    env, capsys, monkeypatch):
+  monkeypatch.setenv("FAKE_SLEEP", "1.5")
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  root, path = env["root"], _lr_sweep(env, [0.001, 0.002, 0.003])
+  start = __import__("time").time()
+  assert sweep.main([path, f"--workdir_root={root}", "--parallel=3",
+                     f"--main_module={env['fake']}"]) == 0
+  took = __import__("time").time() - start
+  starts = [json.loads((d / "times.json").read_text())
+            for d in sorted(root.iterdir()) if d.is_dir()]
+  # All three started before the first finished sleeping: they overlapped.
+  assert max(s[0] for s in starts) - min(s[0] for s in starts) < 1.5
+  assert took < 3 * 1.5
+  assert {s[1] for s in starts} == {"0.300"}  # 0.9 / 3 each
+  out = capsys.readouterr().out
+  assert out.count(": ok in ") == 3
+  assert "| 0.003 | 30 | 0.3 | 0.5 |" in (root / "results.md").read_text()
+  # A memory fraction the user set is theirs.
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
+  monkeypatch.setenv("FAKE_SLEEP", "0")
+  path = _lr_sweep(env, [0.005])
+  assert sweep.main([path, f"--workdir_root={root}", "--parallel=2",
+                     f"--main_module={env['fake']}"]) == 0
+  assert json.loads((root / "optimizer.learning_rate=0.005,model.share=none"
+                     / "times.json").read_text())[1] == "0.2"
+  assert sweep.main([path, f"--workdir_root={root}", "--parallel=0"]) == 2
+  assert capsys.readouterr().err == (
+      "sweep: --parallel=0; give 1 (one trial after another) or more.\n")
 
 
 def test_failed_trials_are_reported_and_the_sweep_goes_on(env, capsys):
