@@ -103,12 +103,34 @@ def load_run(path: str) -> Run:
         f"{not_run}: it has no final_metrics.json, which the trainer writes "
         "when training ends; rerun the same command to finish it.")
   final = _read_json(metrics_path, "the trainer writes it when training ends.")
+  final.update(downstream(path))
   logdir = f"{path}/tensorboard"
   if not storage.path(f"{logdir}/{metrics.METRICS_FILE}").exists():
     raise ReportError(
         f"{not_run}: it has no {logdir}/{metrics.METRICS_FILE}.")
   return Run(storage.path(path).name, path, config, final,
              read_scalars(logdir))
+
+
+# A pre-training config's fine-tuning stage (`config.finetune`) writes here,
+# and its random-init baseline (`compare_random_init`) beside it.
+DOWNSTREAM = {"finetune": "downstream", "finetune_random_init": "random_init"}
+
+
+def downstream(path: str) -> dict[str, float]:
+  """The test-set metrics of the run's fine-tuning stage, where it has one:
+  `downstream_test/accuracy` from WORKDIR/finetune/final_metrics.json and
+  `random_init_test/accuracy` from WORKDIR/finetune_random_init/."""
+  out = {}
+  for directory, prefix in DOWNSTREAM.items():
+    metrics_path = f"{path}/{directory}/final_metrics.json"
+    if storage.path(metrics_path).exists():
+      final = _read_json(metrics_path, "the fine-tuning stage writes it when "
+                         "it ends.")
+      out.update({f"{prefix}_{k[len('eval_'):]}": v for k, v in final.items()
+                  if k.startswith("eval_test/") and not k.endswith(
+                      "majority_baseline_accuracy")})
+  return out
 
 
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
@@ -226,10 +248,12 @@ def _cell(value: Any) -> str:
 
 
 def eval_metric_names(runs: Sequence[Run]) -> list[str]:
-  """The numeric eval_* keys of final_metrics.json, first-seen order."""
+  """The numeric eval_* keys of final_metrics.json, then the fine-tuning
+  stage's test metrics (`downstream`), first-seen order."""
   return list(dict.fromkeys(
       k for r in runs for k, v in r.final.items()
-      if k.startswith("eval_") and isinstance(v, (int, float))
+      if k.startswith(("eval_", *(f"{p}_" for p in DOWNSTREAM.values())))
+      and isinstance(v, (int, float))
       and not isinstance(v, bool)))
 
 

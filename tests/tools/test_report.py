@@ -212,6 +212,25 @@ def test_report_table_and_curves(runs, tmp_path, capsys):
   assert pixels.std() > 0  # something was drawn
 
 
+def test_the_fine_tuning_stage_is_the_downstream_column(runs, tmp_path):
+  share_all = runs[0]
+  for name, acc in (("finetune", 0.9375), ("finetune_random_init", 0.875)):
+    os.makedirs(f"{share_all}/{name}")
+    with open(f"{share_all}/{name}/final_metrics.json", "w") as f:
+      json.dump({"step": 5, "eval_accuracy": 0.5, "eval_test/accuracy": acc,
+                 "eval_test/majority_baseline_accuracy": 0.625}, f)
+  loaded = [report.load_run(r) for r in runs]
+  assert report.downstream(share_all) == {
+      "downstream_test/accuracy": 0.9375, "random_init_test/accuracy": 0.875}
+  assert report.eval_metric_names(loaded)[-2:] == [
+      "downstream_test/accuracy", "random_init_test/accuracy"]
+  table = report.report_table(loaded).splitlines()
+  assert table[0].endswith("| downstream_test/accuracy "
+                           "| random_init_test/accuracy | params | train FLOPs |")
+  assert "| 0.0625 | 0.9375 | 0.875 | " in table[2]
+  assert "| 0.0625 |  |  | " in table[3]  # share=none has no fine-tune
+
+
 def test_curve_panels_and_run_scalars(runs):
   loaded = [report.load_run(r) for r in runs]
   assert report.curve_tags(loaded) == [
