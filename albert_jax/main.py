@@ -205,6 +205,10 @@ def _main(argv):
       from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
       result["finetune"] = finetune.run_after_pretraining(config.finetune,
                                                           workdir)
+      if (config.finetune.get("compare_random_init")
+          and "preempted_at" not in result["finetune"]):
+        result["finetune_random_init"] = finetune.run_after_pretraining(
+            config.finetune, workdir, random_init=True)
   elif job == "finetune":
     from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
     result = finetune.run(config, workdir)

@@ -57,6 +57,8 @@ def get_config(arg=None):
       ft_steps // 2, 1)
   # Written for the demo, so in none of the bundled e-mails.
   c.finetune.predict_texts = NEW_EMAILS
+  # Then the same fine-tune from random weights: what pre-training bought.
+  c.finetune.compare_random_init = True
   return c
 
 

@@ -443,9 +443,19 @@ def _best_predictions(setup: _Setup, predict, params, eval_batch: int,
   return best_eval, written
 
 
-def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
+RANDOM_INIT = "<random>"  # _from_random's marker: keep init empty.
+RANDOM_INIT_DIR = "finetune_random_init"
+
+
+def run_after_pretraining(config, pretrain_workdir: str,
+                          random_init: bool = False) -> dict[str, Any]:
   """Fine-tunes the model a pre-training run just wrote (`config.finetune`
   of a pre-training config), in `pretrain_workdir/finetune`.
+
+  With `random_init`, the same fine-tune (same model shape, tokenizer,
+  data split, steps and seed) starts from random weights instead, in
+  `pretrain_workdir/finetune_random_init`: the baseline that shows what
+  pre-training bought (`config.compare_random_init` in the demo).
 
   `config.init` defaults to the pre-training workdir. With
   `config.data.split_from` (a labelled TSV/CSV/JSONL file; "bundled/..."
@@ -461,16 +471,18 @@ def run_after_pretraining(config, pretrain_workdir: str) -> dict[str, Any]:
   config = config.copy_and_resolve_references()
   optim.check(config)
   workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
-                      / "finetune")
+                      / (RANDOM_INIT_DIR if random_init else "finetune"))
   check_data(config, workdir)  # before the split rewrites WORKDIR/data
   loop.prepare_workdir(workdir)
   # Leased before the split files are written: a second launch must not
   # rewrite the files a running fine-tune reads.
   with lease_lib.acquire(workdir,
                          config.get("take_over_workdir", False)) as lease:
+    if random_init:
+      config = _from_random(config, pretrain_workdir)
     result = run(_with_split_data(config, workdir, pretrain_workdir),
                  workdir, lease=lease)
-  texts = list(config.get("predict_texts") or ())
+  texts = [] if random_init else list(config.get("predict_texts") or ())
   if texts and "preempted_at" not in result:
     result["new_predictions"] = predict_new(workdir, texts)
   return result
@@ -492,11 +504,32 @@ def predict_new(workdir: str, texts: list[str]) -> list[dict[str, Any]]:
   return out
 
 
+def _from_random(config, pretrain_workdir: str):
+  """`config` fine-tuning the pre-trained run's model shape and tokenizer
+  from random weights: no init, the run's full model section and its
+  tokenizer file."""
+  from albert_jax.interop import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  recorded = workdir_lib.read_workdir_config(pretrain_workdir)
+  tokenizer = run_tokenizer.find(recorded, pretrain_workdir)
+  if tokenizer is None:
+    raise ValueError(f"{pretrain_workdir} has no tokenizer to fine-tune a "
+                     "random-init baseline with.")
+  with config.unlocked():
+    config.init = RANDOM_INIT
+    config.data.tokenizer = tokenizer.path
+    for key, value in recorded["model"].items():
+      if config.model.get(key) is None:
+        config.model[key] = value
+  return config
+
+
 def _with_split_data(config, workdir: str, pretrain_workdir: str):
   """`config` with `init` defaulting to the pre-training workdir and, with
   `data.split_from`, the file cut into WORKDIR/data/{train,eval,test}."""
   with config.unlocked():
-    if not config.init:
+    if config.init == RANDOM_INIT:
+      config.init = ""
+    elif not config.init:
       config.init = pretrain_workdir
     if config.data.get("split_from"):
       out_dir = os.fspath(storage.path(workdir) / "data")

@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 from etils import epath
 
@@ -251,4 +251,19 @@ def final_summary(result: Mapping[str, float]) -> str:
       lines.append(f"new e-mail → {shown}: {p['text'][:70]}")
   if "finetune" in result:
     lines += ["", final_summary(result["finetune"])]
+  if "finetune_random_init" in result:
+    lines += ["", "The same fine-tune from random weights:",
+              final_summary(result["finetune_random_init"])]
+    lines += [line for line in _gain(result["finetune"],
+                                     result["finetune_random_init"])]
   return "\n".join(lines)
+
+
+def _gain(pretrained: Mapping[str, Any], random: Mapping[str, Any]):
+  """One line per test-set metric: pre-trained beside random init."""
+  for key in sorted(pretrained):
+    if (key.startswith("eval_test/") and key in random
+        and not key.endswith("majority_baseline_accuracy")):
+      a, b = pretrained[key], random[key]
+      yield (f"{key[len('eval_'):]}: pre-trained {a:.4f}, random init "
+             f"{b:.4f} ({'+' if a >= b else ''}{a - b:.4f} from pre-training)")

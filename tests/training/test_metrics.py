@@ -134,6 +134,27 @@ def test_final_summary_mentions_baseline():
   assert "SOP accuracy 0.5195 (majority-class share 0.5195)" in text
 
 
+def test_final_summary_sets_the_fine_tune_beside_random_init():
+  finetune = {"task": "files", "data": "spam.tsv", "step": 150,
+              "best_step": 150, "eval_accuracy": 0.9,
+              "eval_test/accuracy": 0.9375,
+              "eval_test/majority_baseline_accuracy": 0.6875}
+  random = {**finetune, "eval_test/accuracy": 0.875}
+  text = metrics.final_summary({"step": 400, "finetune": finetune,
+                                "finetune_random_init": random})
+  lines = text.splitlines()
+  assert lines[-1] == ("test/accuracy: pre-trained 0.9375, random init "
+                       "0.8750 (+0.0625 from pre-training)")
+  assert "The same fine-tune from random weights:" in lines
+  assert lines.count("test/accuracy 0.9375 (majority-class baseline "
+                     "0.6875)") == 1
+  worse = metrics.final_summary({"step": 1, "finetune": random,
+                                 "finetune_random_init": finetune})
+  assert worse.splitlines()[-1] == (
+      "test/accuracy: pre-trained 0.8750, random init 0.9375 (-0.0625 from "
+      "pre-training)")
+
+
 def test_eval_reports_the_sentence_labels_majority_share():
   """`pretrain.evaluate`: the share of the commoner sentence label over the
   evaluated rows (unlabelled rows, -1, not counted)."""
