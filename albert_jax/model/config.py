@@ -98,8 +98,8 @@ class ModelConfig:
            "parameters).")
     if not self.embedding_projection and (
         self.embedding_size != self.hidden_size):
-      fail(f"without model.embedding_projection the embedding size "
-           f"({self.embedding_size}) must equal hidden_size "
+      fail(f"model.embedding_projection=False needs model.embedding_size "
+           f"({self.embedding_size}) equal to model.hidden_size "
            f"({self.hidden_size}); set model.embedding_projection=True for "
            "a factorised (ALBERT) embedding.")
     if (not isinstance(self.pad_token_id, int)
@@ -128,9 +128,13 @@ class ModelConfig:
     # Checked here so a typo fails at config time, not at the first trace.
     from albert_jax.model import layers  # pylint: disable=g-import-not-at-top
     from albert_jax.ops import attention  # pylint: disable=g-import-not-at-top
-    layers.activation(self.hidden_act)
-    if self.mlm_hidden_act:
-      layers.activation(self.mlm_hidden_act)
+    for name in ("hidden_act", "mlm_hidden_act"):
+      act = getattr(self, name)
+      if name == "hidden_act" or act:  # "" for the MLM head: hidden_act's
+        try:
+          layers.activation(act)
+        except ValueError as e:
+          fail(f"model.{name}={act!r}: {e}")
     if self.attention_impl not in attention.IMPLEMENTATIONS:
       fail(f"model.attention_impl={self.attention_impl!r}; choose one of "
            f"{attention.IMPLEMENTATIONS}.")

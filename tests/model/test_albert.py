@@ -478,7 +478,7 @@ def test_remat_policies_give_the_same_loss_and_gradients(remat):
      r"share='none'.*num_hidden_groups must be 1"),
     (dict(hidden_act="swish"), "Unknown activation 'swish'"),
     (dict(embedding_projection=False),
-     r"embedding size \(8\) must equal hidden_size \(12\)"),
+     r"model.embedding_size \(8\) equal to model.hidden_size \(12\)"),
     (dict(share="some"), r"model.share='some'"),
     (dict(num_hidden_groups=4), r"num_hidden_groups \(4\) exceeds"),
     (dict(remat="everything"), r"model.remat='everything'"),
