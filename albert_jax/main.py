@@ -202,12 +202,12 @@ def _main(argv):
     result = pretrain.run(config, workdir)
     if config.get("finetune") is not None and "preempted_at" not in result:
       # A pre-training config may end with a fine-tuning stage (the demo).
-      from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
-      result["finetune"] = finetune.run_after_pretraining(config.finetune,
-                                                          workdir)
+      from albert_jax.finetune import after_pretraining as after  # pylint: disable=g-import-not-at-top
+      result["finetune"] = after.run_after_pretraining(config.finetune,
+                                                       workdir)
       if (config.finetune.get("compare_random_init")
           and "preempted_at" not in result["finetune"]):
-        result["finetune_random_init"] = finetune.run_after_pretraining(
+        result["finetune_random_init"] = after.run_after_pretraining(
             config.finetune, workdir, random_init=True)
   elif job == "finetune":
     from albert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top

@@ -141,13 +141,13 @@ def finetune_batch_schema(task, batch: int, seq_len: int
 def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The fine-tuning step of `config.data.task` on the starting model."""
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune import run as finetune_run  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import start as finetune_start  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune.task import FineTuneModel  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune.task import TaskObjective  # pylint: disable=g-import-not-at-top
   cfg, changed = stand_in(finetune_model_config(config), platform,
                           stand_in_16bit)
   task = registry.make_task(config.data.task, config.data)
-  lm_weight = finetune_run.lm_aux_weight(config, cfg)
+  lm_weight = finetune_start.lm_aux_weight(config, cfg)
   model = FineTuneModel(cfg, task.head(cfg), lm_head=lm_weight > 0)
   schema = finetune_batch_schema(task, config.batch_size,
                                  config.data.max_seq_length)

@@ -18,6 +18,7 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax.finetune import run as ft
+from albert_jax.finetune import start as start_lib
 from albert_jax.finetune import task as task_lib
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
@@ -185,7 +186,7 @@ def test_combined_loss_is_task_plus_lambda_numpy_lm_loss(causal_setup,
 def test_zero_weight_is_exactly_the_task_loss(causal_setup, fast_compile):
   """λ = 0 (the default) is the task objective alone, bit for bit."""
   with_lm, plain, params = causal_setup
-  assert ft.lm_aux_weight(config_lib.classify_config()) == 0.0
+  assert start_lib.lm_aux_weight(config_lib.classify_config()) == 0.0
   task = ToyTask()
   params = {**params, "albert": {k: v for k, v in params["albert"].items()
                                  if k != "lm"}}
@@ -346,7 +347,7 @@ def test_run_starts_from_the_pretrained_lm_head_and_logs_lm_loss(
   assert set(pre["lm"]) == {"transform"}  # more than the tied table
   monkeypatch.setattr(ft.registry, "make_task", lambda name, data: ToyTask())
   placed = {}
-  place = ft._place_encoder  # pylint: disable=protected-access
+  place = start_lib.place_encoder
 
   def spy(state, shardings, encoder, required=()):
     out = place(state, shardings, encoder, required)
@@ -354,7 +355,7 @@ def test_run_starts_from_the_pretrained_lm_head_and_logs_lm_loss(
     placed["params"] = jax.device_get(out["params"]["albert"])
     placed["required"] = required
     return out
-  monkeypatch.setattr(ft, "_place_encoder", spy)
+  monkeypatch.setattr(start_lib, "place_encoder", spy)
   workdir = tmp_path / "ft"
   result = ft.run(finetune_config(tmp_path / "gpt", lm_aux_weight=LAMBDA),
                   str(workdir))
@@ -381,7 +382,7 @@ def test_missing_lm_head_is_refused_not_initialised():
       "lm": {"transform": {"kernel": np.zeros((4, 2))}}}}}
   encoder = {"embeddings": {"w": np.ones(2)}}
   with pytest.raises(ValueError, match=r"no 'lm' parameters.*transform"):
-    ft._place_encoder(fresh, None, encoder, required=("lm",))  # pylint: disable=protected-access
+    start_lib.place_encoder(fresh, None, encoder, required=("lm",))
 
 
 def test_bidirectional_model_is_refused(tmp_path, monkeypatch, fast_compile):
@@ -396,10 +397,10 @@ def test_bidirectional_model_is_refused(tmp_path, monkeypatch, fast_compile):
   for k, v in model_section(causal=False).items():
     config.model[k] = v
   with pytest.raises(ValueError, match=r"causal \(GPT\)"):
-    ft.encoder_start(config)
+    start_lib.encoder_start(config)
   # λ = 0 fine-tunes the bidirectional model as before.
   config.lm_aux_weight = 0.0
-  assert not ft.encoder_start(config)[0].causal
+  assert not start_lib.encoder_start(config)[0].causal
 
 
 def test_bad_weights_are_refused(tmp_path, monkeypatch):
@@ -412,4 +413,4 @@ def test_bad_weights_are_refused(tmp_path, monkeypatch):
   for weight in (float("nan"), float("inf"), True, "0.5"):
     config = ml_collections.ConfigDict({"init": "", "lm_aux_weight": weight})
     with pytest.raises(ValueError, match="must be a number >= 0"):
-      ft.lm_aux_weight(config, causal)
+      start_lib.lm_aux_weight(config, causal)

@@ -17,6 +17,7 @@ from albert_jax import config_lib
 from albert_jax import sharding as sharding_lib
 from albert_jax.finetune import batching
 from albert_jax.finetune import run as ft
+from albert_jax.finetune import start as start_lib
 from albert_jax.finetune import task as task_lib
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
@@ -290,7 +291,7 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
     config.model[k] = None
   config.model.hidden_dropout_prob = 0.05
   config.init = str(tmp_path / "hf")
-  model_config, encoder, _ = ft.encoder_start(config)
+  model_config, encoder, _ = start_lib.encoder_start(config)
   assert model_config.hidden_size == 32
   assert model_config.hidden_dropout_prob == 0.05
   assert set(encoder) == {"embeddings", "encoder", "pooler"}
@@ -307,7 +308,7 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
   shardings = state_lib.state_shardings(abstract, tx, mesh, rules)
   state, _ = state_lib.create_state(init, tx, mesh, rules, jax.random.key(0),
                                     fast_compile)
-  placed = ft._place_encoder(state, shardings, encoder)  # pylint: disable=protected-access
+  placed = start_lib.place_encoder(state, shardings, encoder)
   for key in encoder:
     jax.tree.map(np.testing.assert_array_equal,
                  placed["params"]["albert"][key], encoder[key])
@@ -318,4 +319,4 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
   wide = jax.tree.map(lambda x: np.zeros(x.shape[:-1] + (x.shape[-1] + 1,)),
                       encoder)
   with pytest.raises(ValueError, match="do not fit the model.*embeddings"):
-    ft._place_encoder(state, shardings, wide)  # pylint: disable=protected-access
+    start_lib.place_encoder(state, shardings, wide)

@@ -16,7 +16,7 @@ import pytest
 import albert_jax
 from albert_jax import config_lib
 from albert_jax import tree as tree_lib
-from albert_jax.finetune import run as ft
+from albert_jax.finetune import after_pretraining as after
 from albert_jax.tools import sweep
 from albert_jax.training import pretrain
 from locations import CORPUS
@@ -51,8 +51,8 @@ def test_random_init_baseline_matches_the_pretrained_fine_tune(
   f.data.split_from, f.data.text_column = str(labelled), "text"
   f.data.label_column = "label"
   f.log_every_steps = f.eval_every_steps = f.checkpoint_every_steps = 2
-  pre = ft.run_after_pretraining(f, workdir)
-  rand = ft.run_after_pretraining(f, workdir, random_init=True)
+  pre = after.run_after_pretraining(f, workdir)
+  rand = after.run_after_pretraining(f, workdir, random_init=True)
   assert pre["step"] == rand["step"] == 2
   assert set(pre) - {"new_predictions"} == set(rand)
 
@@ -60,7 +60,7 @@ def test_random_init_baseline_matches_the_pretrained_fine_tune(
     with open(os.path.join(workdir, name, "config.json"),
               encoding="utf-8") as fh:
       return json.load(fh)
-  pre_cfg, rand_cfg = recorded("finetune"), recorded(ft.RANDOM_INIT_DIR)
+  pre_cfg, rand_cfg = recorded("finetune"), recorded(after.RANDOM_INIT_DIR)
   assert pre_cfg["init"] == workdir and rand_cfg["init"] == ""
   assert rand_cfg["data"]["tokenizer"] == tiny_spm
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as fh:
@@ -83,6 +83,6 @@ def test_random_init_baseline_matches_the_pretrained_fine_tune(
   near = word_table(albert_jax.load_pretrained(
       os.path.join(workdir, "finetune")).params)
   far = word_table(albert_jax.load_pretrained(
-      os.path.join(workdir, ft.RANDOM_INIT_DIR)).params)
+      os.path.join(workdir, after.RANDOM_INIT_DIR)).params)
   assert np.abs(near - start).max() < 0.05
   assert np.abs(far - start).mean() > 10 * np.abs(near - start).mean()

@@ -1,5 +1,5 @@
 """A finished fine-tuning workdir refuses to rerun on other data
-(finetune/run.py `check_data`): its checkpoints, predictions and
+(finetune/data_files.py `check_data`): its checkpoints, predictions and
 final_metrics.json stay those of the data it was trained on."""
 
 import json
@@ -8,6 +8,8 @@ import os
 import pytest
 
 from albert_jax import config_lib
+from albert_jax.finetune import after_pretraining as after
+from albert_jax.finetune import data_files
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import tabular
 from albert_jax.training import recipe
@@ -64,15 +66,15 @@ def test_a_finished_workdir_refuses_other_data(tmp_path, spm_of_size):
     assert json.load(f) == result
 
   # The same data passes: the same files, or the same source split again.
-  ft.check_data(trained, workdir)
-  ft.check_data(_config(tokenizer, split_from=first), workdir)
+  data_files.check_data(trained, workdir)
+  data_files.check_data(_config(tokenizer, split_from=first), workdir)
   fix = ("; its checkpoints, predictions and final_metrics.json belong to "
          "the data it was trained on. Fine-tune on the new data in a new "
          "workdir (another --workdir), or rerun with the original files.")
   # Another source for the split: refused before the split rewrites
   # WORKDIR/data (or anything else is written).
   with pytest.raises(recipe.RecipeError) as e:
-    ft.run_after_pretraining(_config(tokenizer, split_from=other),
+    after.run_after_pretraining(_config(tokenizer, split_from=other),
                              str(pretrain))
   assert str(e.value) == (
       f"{workdir} was fine-tuned on data.split_from={first}, and this run "
@@ -100,11 +102,11 @@ def test_a_changed_file_and_a_dropped_one_are_named(tmp_path):
   recipe.record(config, str(workdir))
   (workdir / "config.json").write_text(config.to_json_best_effort(),
                                        encoding="utf-8")
-  ft.check_data(config, str(workdir))
+  data_files.check_data(config, str(workdir))
   _tsv(tmp_path / "train.tsv", [("a b", "x"), ("c d", "x")])
   config.data.test_file = None
   with pytest.raises(recipe.RecipeError) as e:
-    ft.check_data(config, str(workdir))
+    data_files.check_data(config, str(workdir))
   assert str(e.value).startswith(
       f"{workdir} was fine-tuned on data.train_file={train}, "
       f"data.eval_file={train}, data.test_file={test}, and this run gives "

@@ -1,0 +1,122 @@
+"""Fine-tuning right after pre-training, as the demo does: the fine-tune
+of the fresh model in `WORKDIR/finetune`, the same fine-tune from random
+weights in `WORKDIR/finetune_random_init` (the baseline that shows what
+pre-training bought), and the best checkpoint reloaded on new texts."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+
+from albert_jax import storage
+from albert_jax.finetune import data_files
+from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune.run import run
+from albert_jax.text import run_tokenizer
+from albert_jax.training import lease as lease_lib
+from albert_jax.training import loop
+from albert_jax.training import optimizer as optim
+
+log = logging.getLogger(__name__)
+
+RANDOM_INIT = "<random>"  # _from_random's marker: keep init empty.
+RANDOM_INIT_DIR = "finetune_random_init"
+
+
+def run_after_pretraining(config, pretrain_workdir: str,
+                          random_init: bool = False) -> dict[str, Any]:
+  """Fine-tunes the model a pre-training run just wrote (`config.finetune`
+  of a pre-training config), in `pretrain_workdir/finetune`.
+
+  With `random_init`, the same fine-tune (same model shape, tokenizer,
+  data split, steps and seed) starts from random weights instead, in
+  `pretrain_workdir/finetune_random_init`: the baseline that shows what
+  pre-training bought (`config.compare_random_init` in the demo).
+
+  `config.init` defaults to the pre-training workdir. With
+  `config.data.split_from` (a labelled TSV/CSV/JSONL file; "bundled/..."
+  names one shipped in albert_jax/data/bundled), the file is cut into
+  stratified train/eval/test files (`config.data.split_fractions`, seed
+  `config.seed`) for the "files" task.
+
+  With `config.predict_texts` (texts the data does not hold), the best
+  checkpoint is reloaded as a user would (`albert_jax.load_pretrained`)
+  and predicts them: the result's "new_predictions" lists {"text", "label",
+  "probability"} (or {"text", "score"} for regression) per text.
+  """
+  config = config.copy_and_resolve_references()
+  optim.check(config)
+  workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
+                      / (RANDOM_INIT_DIR if random_init else "finetune"))
+  data_files.check_data(config, workdir)  # before the split rewrites WORKDIR/data
+  loop.prepare_workdir(workdir)
+  # Leased before the split files are written: a second launch must not
+  # rewrite the files a running fine-tune reads.
+  with lease_lib.acquire(workdir,
+                         config.get("take_over_workdir", False)) as lease:
+    if random_init:
+      config = _from_random(config, pretrain_workdir)
+    result = run(_with_split_data(config, workdir, pretrain_workdir),
+                 workdir, lease=lease)
+  texts = [] if random_init else list(config.get("predict_texts") or ())
+  if texts and "preempted_at" not in result:
+    result["new_predictions"] = predict_new(workdir, texts)
+  return result
+
+
+def predict_new(workdir: str, texts: list[str]) -> list[dict[str, Any]]:
+  """The best checkpoint of fine-tuning `workdir`, reloaded, on `texts`:
+  {"text", "label", "probability"} (classification) or {"text", "score"}
+  per text, also logged."""
+  model = predict_lib.load(workdir, "best")
+  out = []
+  for text, pred in zip(texts, model.predict(texts)):
+    kept = {k: pred[k] for k in ("label", "probability", "score")
+            if k in pred}
+    out.append({"text": text, **kept})
+    log.info("Prediction of step %s on a new text: %s — %r", model.step,
+             ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else
+                       f"{k} {v}" for k, v in kept.items()), text)
+  return out
+
+
+def _from_random(config, pretrain_workdir: str):
+  """`config` fine-tuning the pre-trained run's model shape and tokenizer
+  from random weights: no init, the run's full model section and its
+  tokenizer file."""
+  from albert_jax.interop import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  recorded = workdir_lib.read_workdir_config(pretrain_workdir)
+  tokenizer = run_tokenizer.find(recorded, pretrain_workdir)
+  if tokenizer is None:
+    raise ValueError(f"{pretrain_workdir} has no tokenizer to fine-tune a "
+                     "random-init baseline with.")
+  with config.unlocked():
+    config.init = RANDOM_INIT
+    config.data.tokenizer = tokenizer.path
+    for key, value in recorded["model"].items():
+      if config.model.get(key) is None:
+        config.model[key] = value
+  return config
+
+
+def _with_split_data(config, workdir: str, pretrain_workdir: str):
+  """`config` with `init` defaulting to the pre-training workdir and, with
+  `data.split_from`, the file cut into WORKDIR/data/{train,eval,test}."""
+  with config.unlocked():
+    if config.init == RANDOM_INIT:
+      config.init = ""
+    elif not config.init:
+      config.init = pretrain_workdir
+    if config.data.get("split_from"):
+      out_dir = os.fspath(storage.path(workdir) / "data")
+      parts = data_files.split_files(config, out_dir, write=jax.process_index() == 0)
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        multihost_utils.sync_global_devices("finetune data split")
+      if parts is not None:
+        log.info("Split %s into %s.", config.data.split_from, ", ".join(
+            f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))
+  return config
