@@ -334,6 +334,12 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   # λ of GPT-1's fine-tuning loss, task + λ × next-token loss on the task's
   # input text (causal models only; GPT-1 used 0.5). 0: the task loss only.
   c.lm_aux_weight = 0.0
+  # True: the [CLS] pooler starts from random values instead of the
+  # checkpoint's, as Zhang et al. 2021 ("Revisiting few-sample BERT
+  # fine-tuning") re-initialise it for small data. On the demo's 400-step
+  # checkpoint, whose pooler gives nearly one output for every input, it
+  # did not change the result (REPRODUCTION.md).
+  c.reinit_pooler = False
   c.log_every_steps = 50
   c.eval_every_steps = 1000
   c.checkpoint_every_steps = 1000

@@ -75,8 +75,10 @@ def check_tokenizer(tokenizer, own, model_config: ModelConfig, path: str,
 def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
   """(model config, pre-trained encoder params or None, tokenizer).
 
-  The encoder params are the checkpoint's embeddings, encoder and pooler,
-  plus its "lm" head where `config.lm_aux_weight` > 0 (and it has one).
+  The encoder params are the checkpoint's embeddings, encoder and pooler
+  (not the pooler with `config.reinit_pooler`: it then starts from random
+  values, as the task head does), plus its "lm" head where
+  `config.lm_aux_weight` > 0 (and it has one).
   """
   overrides = {k: v for k, v in config.model.items() if v is not None}
   lm_aux = lm_aux_weight(config) > 0
@@ -95,9 +97,14 @@ def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
                                      run_tokenizer.CONFIGURED_FIX)
       check_tokenizer(tokenizer, pre.tokenizer, pre.model_config,
                       config.data.tokenizer, config.init)
-    parts = ("embeddings", "encoder", "pooler") + (("lm",) if lm_aux else ())
+    reinit = config.get("reinit_pooler", False)
+    parts = (("embeddings", "encoder") + (() if reinit else ("pooler",))
+             + (("lm",) if lm_aux else ()))
     encoder = {k: pre.params[k] for k in parts if k in pre.params}
-    if "pooler" not in encoder:
+    if reinit:
+      log.info("config.reinit_pooler: the pooler starts from random values, "
+               "not %s's.", config.init)
+    elif "pooler" not in encoder:
       log.warning("%s has no pooler weights; the pooler starts from random "
                   "values.", config.init)
     return pre.model_config, encoder, tokenizer

@@ -320,3 +320,17 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
                       encoder)
   with pytest.raises(ValueError, match="do not fit the model.*embeddings"):
     start_lib.place_encoder(state, shardings, wide)
+
+  # config.reinit_pooler: everything but the pooler comes from the
+  # checkpoint; the pooler keeps its fresh values.
+  config.reinit_pooler = True
+  _, no_pooler, _ = start_lib.encoder_start(config)
+  assert set(no_pooler) == {"embeddings", "encoder"}
+  placed = start_lib.place_encoder(state, shardings, no_pooler)
+  fresh = state["params"]["albert"]["pooler"]
+  jax.tree.map(np.testing.assert_array_equal,
+               placed["params"]["albert"]["pooler"], fresh)
+  assert not np.allclose(np.asarray(jax.tree.leaves(fresh)[-1]),
+                         np.asarray(jax.tree.leaves(encoder["pooler"])[-1]))
+  jax.tree.map(np.testing.assert_array_equal,
+               placed["params"]["albert"]["encoder"], encoder["encoder"])
