@@ -1,31 +1,111 @@
 """The data files a fine-tuning run reads: cutting one labelled file into
-train/eval/test (`data.split_from`), and refusing to rerun a workdir on
-other data than it was trained on (`check_data`)."""
+stratified train/eval/test files (`split_file`; `data.split_from`, and
+`python -m albert_jax.finetune.data_files split IN OUT_DIR`), and refusing
+to rerun a workdir on other data than it was trained on (`check_data`)."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import math
 import os
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
 
 from albert_jax import storage
+from albert_jax.finetune import tabular
 from albert_jax.training import recipe
+
+
+def _apportion(n: int, fractions: Sequence[float]) -> list[int]:
+  """Largest-remainder rounding of n·fractions to integers summing to n."""
+  exact = [f * n for f in fractions]
+  counts = [math.floor(e) for e in exact]
+  by_remainder = sorted(range(len(exact)),
+                        key=lambda i: (counts[i] - exact[i], i))
+  for i in by_remainder[:n - sum(counts)]:
+    counts[i] += 1
+  return counts
+
+
+def split_file(path: str, out_dir: str,
+               fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0,
+               *, label_column: str = "label",
+               header: Optional[Sequence[str]] = None) -> dict[str, dict]:
+  """Cuts a labelled file into train/eval/test files, stratified by label.
+
+  Each label's rows are shuffled with `seed` and dealt out by `fractions`
+  (largest-remainder rounding), so every split keeps the label balance;
+  rows keep their original order within a file. Same input and seed, same
+  output bytes.
+
+  Args:
+    path: a TSV/CSV/JSONL(.gz) file.
+    out_dir: where train/eval/test.<same extension> go.
+    fractions: train, eval and test shares, each > 0, summing to 1.
+    seed: the shuffle's seed.
+    label_column: the column to stratify by.
+    header: column names for a TSV/CSV without a header row (the outputs
+      then have none either).
+
+  Returns:
+    split → {"path": str, "rows": int, "labels": {label: rows}}.
+  """
+  fractions = tuple(float(f) for f in fractions)
+  if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+    raise ValueError(f"fractions={fractions}: give three positive shares "
+                     "(train, eval, test) that sum to 1.")
+  table = tabular.read_table(path, header, "split_file input")
+  keys = tabular.label_keys(
+      tabular.column(table, label_column, "split_file input", "label_column"),
+      f"split_file input {path}")
+  groups: dict[str, list[int]] = {}
+  for i, key in enumerate(keys):
+    groups.setdefault(key, []).append(i)
+  tabular.check_case_variants({k: len(v) for k, v in groups.items()},
+                              f"split_file input {path}")
+  rng = np.random.default_rng(seed)
+  parts: list[list[int]] = [[], [], []]
+  for key in tabular.sorted_labels(groups):
+    members = rng.permutation(groups[key])
+    start = 0
+    for part, count in zip(parts, _apportion(len(members), fractions)):
+      part.extend(int(m) for m in members[start:start + count])
+      start += count
+  suffix = tabular.file_format(path) + (
+      ".gz" if path.endswith(".gz") else "")
+  storage.path(out_dir).mkdir(parents=True, exist_ok=True)
+  result = {}
+  for name, part in zip(("train", "eval", "test"), parts):
+    part.sort()
+    out = os.fspath(storage.path(out_dir) / (name + suffix))
+    tabular.write_table(out, dataclasses.replace(
+        table, path=out, rows=[table.rows[i] for i in part],
+        lines=[table.lines[i] for i in part]))
+    counts = {k: 0 for k in tabular.sorted_labels(groups)}
+    for i in part:
+      counts[keys[i]] += 1
+    result[name] = {"path": out, "rows": len(part), "labels": counts}
+  return result
 
 
 def split_files(config, out_dir: str, write: bool) -> dict | None:
   """Points `config.data`'s train/eval/test files at
   `out_dir/{train,eval,test}.<ext>`, the stratified split of
-  `data.split_from` (`tabular.split_file`), which `write` writes there.
+  `data.split_from` (`split_file`), which `write` writes there.
 
   Returns:
     split → {"path", "rows", "labels"} where written, else None.
   """
-  from albert_jax.finetune import tabular  # pylint: disable=g-import-not-at-top
   source = config.data.split_from
   if source.startswith("bundled/"):
     # A file shipped inside the package, not a user path.
     source = os.path.join(os.path.dirname(os.path.dirname(__file__)),
                           "data", source)
-  parts = tabular.split_file(
+  parts = split_file(
       source, out_dir, tuple(config.data.split_fractions), seed=config.seed,
       label_column=config.data.label_column) if write else None
   suffix = tabular.file_format(source) + (
@@ -108,3 +188,31 @@ def _recorded_data(workdir: str) -> dict[str, str]:
   return {f"data.{k}": v for k, v in data.items()
           if k in ("split_from", "train_file", "eval_file", "test_file")
           and isinstance(v, str) and v}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI: `split IN OUT_DIR` writes stratified train/eval/test files."""
+  parser = argparse.ArgumentParser(prog="python -m albert_jax.finetune.data_files")
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("split", help="stratified train/eval/test files")
+  p.add_argument("input")
+  p.add_argument("out_dir")
+  p.add_argument("--fractions", default="0.8,0.1,0.1")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--label_column", default="label")
+  args = parser.parse_args(argv)
+  try:
+    result = split_file(args.input, args.out_dir,
+                        [float(f) for f in args.fractions.split(",")],
+                        args.seed, label_column=args.label_column)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for name, info in result.items():
+    shares = ", ".join(f"{k} {v}" for k, v in info["labels"].items())
+    print(f"{info['path']}: {info['rows']} rows ({shares})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,5 +1,4 @@
-"""Labelled data files: reading and writing TSV, CSV and JSONL tables, and
-cutting one file into stratified train/eval/test files.
+"""Labelled data files: reading and writing TSV, CSV and JSONL tables.
 
 Formats go by extension, each optionally gzipped (`.gz`):
   .tsv   a header row, then one row per line, fields split on TAB, no quoting
@@ -13,13 +12,12 @@ line, the byte and the iconv command that converts them:
 its 0-based position among the data rows (header and blank lines excluded).
 Paths are local (`~` expanded) or `gs://BUCKET/...` (`albert_jax.storage`).
 
-`split_file` (and `python -m albert_jax.finetune.tabular split IN OUT_DIR`)
-cuts one labelled file into stratified train/eval/test files of its format.
+Cutting one file into stratified train/eval/test files is
+`albert_jax.finetune.data_files.split_file`.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import difflib
@@ -27,12 +25,8 @@ import gzip
 import io
 import json
 import logging
-import math
 import os
-import sys
 from typing import Any, Mapping, Optional, Sequence
-
-import numpy as np
 
 from albert_jax import storage
 from albert_jax.text import encoding
@@ -323,20 +317,6 @@ def column(table: Table, name: str, what: str,
   return values
 
 
-# Splitting one labelled file into train/eval/test.
-
-
-def _apportion(n: int, fractions: Sequence[float]) -> list[int]:
-  """Largest-remainder rounding of n·fractions to integers summing to n."""
-  exact = [f * n for f in fractions]
-  counts = [math.floor(e) for e in exact]
-  by_remainder = sorted(range(len(exact)),
-                        key=lambda i: (counts[i] - exact[i], i))
-  for i in by_remainder[:n - sum(counts)]:
-    counts[i] += 1
-  return counts
-
-
 def write_table(path: str, table: Table) -> None:
   """Writes rows in the format `path` names (gzip with mtime 0, so the same
   rows give the same bytes)."""
@@ -358,90 +338,3 @@ def write_table(path: str, table: Table) -> None:
   if path.endswith(".gz"):
     data = gzip.compress(data, mtime=0)
   storage.write_atomic(path, data)
-
-
-def split_file(path: str, out_dir: str,
-               fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0,
-               *, label_column: str = "label",
-               header: Optional[Sequence[str]] = None) -> dict[str, dict]:
-  """Cuts a labelled file into train/eval/test files, stratified by label.
-
-  Each label's rows are shuffled with `seed` and dealt out by `fractions`
-  (largest-remainder rounding), so every split keeps the label balance;
-  rows keep their original order within a file. Same input and seed, same
-  output bytes.
-
-  Args:
-    path: a TSV/CSV/JSONL(.gz) file.
-    out_dir: where train/eval/test.<same extension> go.
-    fractions: train, eval and test shares, each > 0, summing to 1.
-    seed: the shuffle's seed.
-    label_column: the column to stratify by.
-    header: column names for a TSV/CSV without a header row (the outputs
-      then have none either).
-
-  Returns:
-    split → {"path": str, "rows": int, "labels": {label: rows}}.
-  """
-  fractions = tuple(float(f) for f in fractions)
-  if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
-    raise ValueError(f"fractions={fractions}: give three positive shares "
-                     "(train, eval, test) that sum to 1.")
-  table = read_table(path, header, "split_file input")
-  keys = label_keys(column(table, label_column, "split_file input",
-                           "label_column"), f"split_file input {path}")
-  groups: dict[str, list[int]] = {}
-  for i, key in enumerate(keys):
-    groups.setdefault(key, []).append(i)
-  check_case_variants({k: len(v) for k, v in groups.items()},
-                      f"split_file input {path}")
-  rng = np.random.default_rng(seed)
-  parts: list[list[int]] = [[], [], []]
-  for key in sorted_labels(groups):
-    members = rng.permutation(groups[key])
-    start = 0
-    for part, count in zip(parts, _apportion(len(members), fractions)):
-      part.extend(int(m) for m in members[start:start + count])
-      start += count
-  suffix = file_format(path) + (".gz" if path.endswith(".gz") else "")
-  storage.path(out_dir).mkdir(parents=True, exist_ok=True)
-  result = {}
-  for name, part in zip(("train", "eval", "test"), parts):
-    part.sort()
-    out = os.fspath(storage.path(out_dir) / (name + suffix))
-    write_table(out, dataclasses.replace(
-        table, path=out, rows=[table.rows[i] for i in part],
-        lines=[table.lines[i] for i in part]))
-    counts = {k: 0 for k in sorted_labels(groups)}
-    for i in part:
-      counts[keys[i]] += 1
-    result[name] = {"path": out, "rows": len(part), "labels": counts}
-  return result
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI: `split IN OUT_DIR` writes stratified train/eval/test files."""
-  parser = argparse.ArgumentParser(prog="python -m albert_jax.finetune.tabular")
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("split", help="stratified train/eval/test files")
-  p.add_argument("input")
-  p.add_argument("out_dir")
-  p.add_argument("--fractions", default="0.8,0.1,0.1")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--label_column", default="label")
-  args = parser.parse_args(argv)
-  try:
-    result = split_file(args.input, args.out_dir,
-                        [float(f) for f in args.fractions.split(",")],
-                        args.seed, label_column=args.label_column)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  for name, info in result.items():
-    shares = ", ".join(f"{k} {v}" for k, v in info["labels"].items())
-    print(f"{info['path']}: {info['rows']} rows ({shares})")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from albert_jax.finetune import data_files
 from albert_jax.finetune import file_task
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import tabular
@@ -304,7 +305,7 @@ def test_labels_that_differ_only_in_case_are_refused(tmp_path):
   # split_file refuses them too, naming its input.
   src = _in_format(tmp_path / "all.tsv", train)
   with pytest.raises(ValueError) as e:
-    tabular.split_file(src, str(tmp_path / "out"))
+    data_files.split_file(src, str(tmp_path / "out"))
   assert str(e.value) == (
       f"split_file input {src} has labels that differ only in case: 'spam' "
       "(2 rows), 'Spam' (1 rows). Write each label one way (e.g. every "
@@ -481,14 +482,14 @@ def test_evaluate_and_prediction_files(tmp_path, tok):
 
 
 def test_split_file_on_the_bundled_spam(tmp_path, tok):
-  result = tabular.split_file(SPAM, str(tmp_path / "a"), seed=0)
+  result = data_files.split_file(SPAM, str(tmp_path / "a"), seed=0)
   # 4150 ham and 1896 spam, dealt 80/10/10 per label.
   assert {k: (v["rows"], v["labels"]) for k, v in result.items()} == {
       "train": (4837, {"ham": 3320, "spam": 1517}),
       "eval": (605, {"ham": 415, "spam": 190}),
       "test": (604, {"ham": 415, "spam": 189})}
-  again = tabular.split_file(SPAM, str(tmp_path / "b"), seed=0)
-  other = tabular.split_file(SPAM, str(tmp_path / "c"), seed=1)
+  again = data_files.split_file(SPAM, str(tmp_path / "b"), seed=0)
+  other = data_files.split_file(SPAM, str(tmp_path / "c"), seed=1)
   original = tabular.read_table(SPAM)
   seen = []
   for name, info in result.items():
@@ -513,18 +514,18 @@ def test_split_file_on_the_bundled_spam(tmp_path, tok):
 def test_split_file_formats_and_cli(tmp_path, capsys):
   rows = [(f"text {i}", "o", "ab"[i % 2], i) for i in range(10)]
   src = _in_format(tmp_path / "all.jsonl", rows)
-  result = tabular.split_file(src, str(tmp_path / "out"), (0.6, 0.2, 0.2),
+  result = data_files.split_file(src, str(tmp_path / "out"), (0.6, 0.2, 0.2),
                               seed=3)
   assert [v["labels"] for v in result.values()] == [
       {"a": 3, "b": 3}, {"a": 1, "b": 1}, {"a": 1, "b": 1}]
   table = tabular.read_table(result["eval"]["path"])
   assert all(r["text"].startswith("text ") for r in table.rows)
   src = _in_format(tmp_path / "all.csv", rows, header=False)
-  result = tabular.split_file(src, str(tmp_path / "csv"), (0.6, 0.2, 0.2),
+  result = data_files.split_file(src, str(tmp_path / "csv"), (0.6, 0.2, 0.2),
                               label_column="c", header=["t", "o", "c", "s"])
   table = tabular.read_table(result["train"]["path"], ["t", "o", "c", "s"])
   assert len(table.rows) == 6
   with pytest.raises(ValueError, match="three positive shares"):
-    tabular.split_file(src, str(tmp_path), (0.5, 0.5))
-  assert tabular.main(["split", SPAM, str(tmp_path / "cli")]) == 0
+    data_files.split_file(src, str(tmp_path), (0.5, 0.5))
+  assert data_files.main(["split", SPAM, str(tmp_path / "cli")]) == 0
   assert "eval.tsv.gz: 605 rows (ham 415, spam 190)" in capsys.readouterr().out

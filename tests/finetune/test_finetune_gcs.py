@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from albert_jax import storage
+from albert_jax.finetune import data_files
 from albert_jax.finetune import file_task
 from albert_jax.finetune import glue
 from albert_jax.finetune import race
@@ -80,8 +81,8 @@ def test_split_file_from_and_into_gcs(gcs_bucket, tmp_path):
   storage.path(source).write_bytes(gzip.compress(
       f"text\tlabel\n{rows}".encode(), mtime=0))
   (tmp_path / "all.tsv.gz").write_bytes(storage.path(source).read_bytes())
-  got = tabular.split_file(source, f"{gcs_bucket}/out", seed=3)
-  want = tabular.split_file(str(tmp_path / "all.tsv.gz"),
+  got = data_files.split_file(source, f"{gcs_bucket}/out", seed=3)
+  want = data_files.split_file(str(tmp_path / "all.tsv.gz"),
                             str(tmp_path / "out"), seed=3)
   for name in ("train", "eval", "test"):
     assert got[name]["path"] == f"{gcs_bucket}/out/{name}.tsv.gz"

@@ -11,7 +11,6 @@ from albert_jax import config_lib
 from albert_jax.finetune import after_pretraining as after
 from albert_jax.finetune import data_files
 from albert_jax.finetune import run as ft
-from albert_jax.finetune import tabular
 from albert_jax.training import recipe
 from test_bad_inputs import snapshot  # pylint: disable=g-bad-import-order
 
@@ -54,7 +53,7 @@ def test_a_finished_workdir_refuses_other_data(tmp_path, spm_of_size):
   # run_after_pretraining cuts it, then fine-tuned there.
   pretrain = tmp_path / "pretrain"
   workdir = str(pretrain / "finetune")
-  parts = tabular.split_file(first, os.path.join(workdir, "data"),
+  parts = data_files.split_file(first, os.path.join(workdir, "data"),
                              (0.6, 0.2, 0.2), seed=0)
   trained = _config(tokenizer, split_from=first,
                     **{f"{k}_file": v["path"] for k, v in parts.items()})
