@@ -336,7 +336,7 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   c.lm_aux_weight = 0.0
   # True: the [CLS] pooler starts from random values instead of the
   # checkpoint's, as Zhang et al. 2021 ("Revisiting few-sample BERT
-  # fine-tuning") re-initialise it for small data. On the demo's 400-step
+  # fine-tuning") re-initialise it for small data. On a 400-step demo
   # checkpoint, whose pooler gives nearly one output for every input, it
   # did not change the result (REPRODUCTION.md).
   c.reinit_pooler = False

@@ -3,27 +3,36 @@ r"""The demo: pre-train a small ALBERT on the bundled corpus, on CPU, in minutes
 Trains a SentencePiece vocabulary and prepares SOP instances in the workdir
 on first use (reused on resume), then pre-trains with LAMB, checkpoints,
 evaluates on held-out documents and prints MLM accuracy beside the
-unigram-frequency baseline, and SOP accuracy. It then fine-tunes the fresh
-model as a spam/ham classifier on the bundled SpamAssassin e-mails (CC0; cut
-80/10/10 into train/eval/test, stratified) in `workdir/finetune`, prints
-test accuracy beside the majority-class baseline, reloads the best
-checkpoint as `albert_jax.load_pretrained(WORKDIR/finetune)` would, and
-predicts three new e-mails that are not in the data (label and probability
-of each).
+unigram-frequency baseline, and SOP accuracy beside the majority-class
+share. It then fine-tunes the fresh model in `workdir/finetune` on a
+downstream task, prints test accuracy beside the majority-class baseline,
+reloads the best checkpoint as `albert_jax.load_pretrained(WORKDIR/finetune)`
+would and predicts three new texts that are not in the data (label and
+probability of each), then runs the same fine-tune from random weights in
+`workdir/finetune_random_init` and prints what pre-training changed.
 
   python -m albert_jax.main --config=configs/demo.py --workdir=/tmp/albert_demo
 
-Arguments: `steps=N` (default 400), `finetune_steps=N` (default 150; 0
-skips fine-tuning), `quick` (a 30-step pre-training and 20-step fine-tuning
-smoke run).
+Arguments: `steps=N` (pre-training steps, default 2000: the fewest measured
+after which pre-training beats random init on the default task; 1000 do not,
+and sentence order needs about 12000, REPRODUCTION.md), `task=` `source`
+(default: which corpus a held-out sentence comes from,
+bundled/labeled/corpus_source.tsv.gz, from documents pre-training never
+sees; 6% of its rows train, 24% eval, 70% test: few labels, where
+pre-training pays) or `spam` (the SpamAssassin e-mails, CC0, 80/10/10),
+`finetune_steps=N` (default 150; 0 skips fine-tuning), `quick` (a 30-step
+pre-training and 20-step fine-tuning smoke run).
 """
 
 from albert_jax import config_lib
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, steps=400, finetune_steps=150,
-                              quick=False)
+  args = config_lib.parse_arg(arg, steps=2000, finetune_steps=150,
+                              task="source", quick=False)
+  if args.task not in TASKS:
+    raise ValueError(f"configs/demo.py: unknown task={args.task!r}; use "
+                     f"one of {', '.join(TASKS)}.")
   steps = 30 if args.quick else args.steps
   model = config_lib.model_config(
       vocab_size=5000, embedding_size=64, hidden_size=128,
@@ -42,25 +51,36 @@ def get_config(arg=None):
   c.checkpoint_every_steps = max(steps // 3, 1)
   c.keep_checkpoints = 2
 
-  # Last stage: fine-tune the pre-trained model on the spam/ham e-mails.
+  # Last stage: fine-tune the pre-trained model on the downstream task.
   if args.finetune_steps == 0:
     return c
   ft_steps = 20 if args.quick else args.finetune_steps
   c.finetune = config_lib.classify_config(
       learning_rate=1e-4, batch_size=32, num_train_steps=ft_steps,
       warmup_steps=max(ft_steps // 10, 1), max_seq_length=128)
-  c.finetune.data.split_from = "bundled/labeled/spam_assassin.tsv.gz"
+  data, fractions, new_texts = TASKS[args.task]
+  c.finetune.data.split_from = data
+  c.finetune.data.split_fractions = fractions
   c.finetune.data.text_column = "text"
   c.finetune.data.label_column = "label"
   c.finetune.log_every_steps = 10
   c.finetune.eval_every_steps = c.finetune.checkpoint_every_steps = max(
       ft_steps // 2, 1)
-  # Written for the demo, so in none of the bundled e-mails.
-  c.finetune.predict_texts = NEW_EMAILS
+  # Written for the demo, so in none of the bundled files.
+  c.finetune.predict_texts = new_texts
   # Then the same fine-tune from random weights: what pre-training bought.
   c.finetune.compare_random_init = True
   return c
 
+
+NEW_SENTENCES = (  # in the manner of moby_dick, python_docs and sotu
+    "The mate lowered the boat at dawn, and we pulled hard after the whale "
+    "until the line ran smoking over the bow.",
+    "If the key is not found, the method returns the default value instead "
+    "of raising a KeyError.",
+    "I ask the Congress to pass a budget that keeps faith with our farmers, "
+    "our workers and our veterans.",
+)
 
 NEW_EMAILS = (
     "Congratulations!!! You have been selected to receive a FREE $1000 "
@@ -70,3 +90,11 @@ NEW_EMAILS = (
     "I tried your patch for the build script on my machine and the tests "
     "pass now. I will merge it tomorrow unless someone objects.",
 )
+
+# task → (labelled file, train/eval/test fractions, new texts to predict)
+TASKS = {
+    "source": ("bundled/labeled/corpus_source.tsv.gz", (0.06, 0.24, 0.7),
+               NEW_SENTENCES),
+    "spam": ("bundled/labeled/spam_assassin.tsv.gz", (0.8, 0.1, 0.1),
+             NEW_EMAILS),
+}

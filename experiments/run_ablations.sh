@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # The ALBERT paper's ablations at one scale (REPRODUCTION.md): every sweep of
 # experiments/ablate_*.py on the demo's model and corpus, each trial
-# pre-trained and then fine-tuned on the bundled spam/ham e-mails, then each
+# pre-trained and then fine-tuned (configs/demo.py's task; TASK=spam by
+# default, the bundled spam/ham e-mails the committed results used), then each
 # sweep's report and Table 5's cross-evaluation (NSP-trained models scored
 # on SOP pairs and the reverse).
 #
 #   bash experiments/run_ablations.sh ROOT [STEPS] [PARALLEL] [FINETUNE_STEPS]
 #
 # ROOT: where the trials' workdirs go (local or gs://). STEPS: pre-training
-# steps a trial (default 400, the demo's). PARALLEL: trials run at once in
+# steps a trial (default 400, the committed CPU tables'). PARALLEL: trials run at once in
 # each sweep, the sweeps themselves side by side (1 on a laptop; on one GPU
 # every trial at once fits: 8). Done trials are skipped, so a rerun finishes
 # an interrupted sweep. FINETUNE_STEPS: the fine-tune's steps (default 150,
-# the demo's). SWEEPS (environment): which ablations, default all four.
+# the demo's). SWEEPS (environment): which ablations, default all four. TASK
+# (environment): the fine-tune, spam (default) or source (the demo's default,
+# configs/demo.py).
 set -euo pipefail
 root=${1:?usage: bash experiments/run_ablations.sh ROOT [STEPS] [PARALLEL]}
 steps=${2:-400}
 parallel=${3:-1}
 finetune_steps=${4:-150}
 sweeps=${SWEEPS:-embedding sharing sentence_objective dropout}
-config="configs/demo.py:steps=${steps},finetune_steps=${finetune_steps}"
+config="configs/demo.py:steps=${steps},finetune_steps=${finetune_steps},task=${TASK:-spam}"
 mkdir -p "$root"
 
 # One vocabulary for every trial, trained as the demo trains its own (seed

@@ -52,7 +52,7 @@ ARGS = {
     "classify": ["", "steps=50,lr=1e-4,batch=8,seq=64"],
     "ner": ["", "source=files,steps=50,lr=1e-4,batch=8,seq=64"],
     "choice": ["", "steps=50,lr=1e-4,batch=8,seq=64"],
-    "demo": ["", "steps=100,finetune_steps=0", "quick"],
+    "demo": ["", "steps=100,finetune_steps=0", "quick", "task=spam"],
     "roberta_base": ["size=base", "size=tiny"],
     "gpt_small": ["", "tiny", "epochs=3,corpus_tokens=1000000"],
     "electra_small": ["", "tiny"],
@@ -254,6 +254,21 @@ def test_bad_arg_values_fail():
     get_config("tiny", "share=some")
   with pytest.raises(ValueError, match="num_hidden_groups must be 1"):
     get_config("tiny", "share=none,groups=2")
+  with pytest.raises(ValueError, match="unknown task='ham'; use one of "
+                     "source, spam"):
+    get_config("demo", "task=ham")
+
+
+def test_demo_tasks():
+  # The default fine-tune: the held-out corpus-source task, few train rows.
+  source = get_config("demo").finetune
+  assert source.data.split_from == "bundled/labeled/corpus_source.tsv.gz"
+  assert tuple(source.data.split_fractions) == (0.06, 0.24, 0.7)
+  assert len(source.predict_texts) == 3 and source.compare_random_init
+  spam = get_config("demo", "task=spam").finetune
+  assert spam.data.split_from == "bundled/labeled/spam_assassin.tsv.gz"
+  assert tuple(spam.data.split_fractions) == (0.8, 0.1, 0.1)
+  assert "FREE $1000" in spam.predict_texts[0]
 
 
 def test_field_overrides_via_flags():

@@ -51,8 +51,9 @@ from albert_jax import storage
 
 Trial = dict[str, Any]
 
-# The ablations' base: the demo's pre-training without its fine-tuning stage;
-# `--config=configs/albert_base.py` (say) runs one at paper scale.
+# The ablations' base: the demo's pre-training at 400 steps, without its
+# fine-tuning stage; `--config=configs/albert_base.py` (say) runs one at
+# paper scale.
 ABLATION_CONFIG = "configs/demo.py:steps=400,finetune_steps=0"
 # An ablation's `quick` argument: 30 steps a trial, evaluated every 10.
 QUICK = {"config.num_train_steps": 30, "config.optimizer.warmup_steps": 3,

@@ -245,10 +245,10 @@ def final_summary(result: Mapping[str, float]) -> str:
         if split_metric.endswith("accuracy") and baseline is not None:
           line += f" (majority-class baseline {baseline:.4f})"
         lines.append(line)
-    for p in result.get("new_predictions", ()):  # the demo's new e-mails
+    for p in result.get("new_predictions", ()):  # config.predict_texts
       shown = (f"{p['label']} (probability {p['probability']:.3f})"
                if "label" in p else f"score {p['score']:.4f}")
-      lines.append(f"new e-mail → {shown}: {p['text'][:70]}")
+      lines.append(f"new text → {shown}: {p['text'][:70]}")
   if "finetune" in result:
     lines += ["", final_summary(result["finetune"])]
   if "finetune_random_init" in result:

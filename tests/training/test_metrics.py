@@ -140,9 +140,16 @@ def test_final_summary_sets_the_fine_tune_beside_random_init():
               "eval_test/accuracy": 0.9375,
               "eval_test/majority_baseline_accuracy": 0.6875}
   random = {**finetune, "eval_test/accuracy": 0.875}
-  text = metrics.final_summary({"step": 400, "finetune": finetune,
+  predicted = {**finetune, "new_predictions": [
+      {"text": "Call me Ishmael, said the stranger at the inn.",
+       "label": "moby_dick", "probability": 0.8125},
+      {"text": "a rating", "score": 3.25}]}
+  text = metrics.final_summary({"step": 400, "finetune": predicted,
                                 "finetune_random_init": random})
   lines = text.splitlines()
+  assert ("new text → moby_dick (probability 0.812): Call me Ishmael, said "
+          "the stranger at the inn.") in lines
+  assert "new text → score 3.2500: a rating" in lines
   assert lines[-1] == ("test/accuracy: pre-trained 0.9375, random init "
                        "0.8750 (+0.0625 from pre-training)")
   assert "The same fine-tune from random weights:" in lines
