@@ -34,6 +34,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
+from albert_jax.data import row_random
 from albert_jax.data.prepare import FORMAT
 
 METADATA = "dataset.json"
@@ -271,8 +272,8 @@ class Loader:
     # The masking key depends on the record (and the epoch when dynamic),
     # never on the batch: static masking gives a record one mask forever,
     # and any step can be recomputed on its own.
-    keys = masking.row_keys(self.seed, epochs if self.dynamic_masking else 0,
-                            records)
+    keys = row_random.row_keys(
+        self.seed, epochs if self.dynamic_masking else 0, records)
     masked = masking.mask_batch(
         ids, attention, keys, word_start=self.vocab.word_start,
         special=self.vocab.special, mask_id=self.vocab.mask_id,

@@ -17,8 +17,10 @@ For speed (see experiments/benchmarks/data_throughput.py), words are numbered
 across the whole batch so that lookups are 1-D gathers, everything a round
 needs that does not depend on earlier rounds is computed for a block of
 rounds at once, only as many places of the shuffled order as the rounds reach
-are sorted, and random draws are made only where they are used. `_uniform`
-defines the streams; the batch code draws the same values.
+are sorted, and random draws are made only where they are used. The streams
+are `row_random`'s: stream 1 orders the start words, 2 draws the n-gram
+lengths, 3 decides [MASK] / random / unchanged per chosen token and 4 draws
+its random id.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from albert_jax.data.row_random import GOLDEN
+from albert_jax.data.row_random import bits53
+from albert_jax.data.row_random import mix_inplace
+from albert_jax.data.row_random import row_base
+from albert_jax.data.row_random import to_unit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,74 +67,6 @@ class MaskingConfig:
     return p if self.favor_shorter_ngram else p[::-1].copy()
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-  """splitmix64 finaliser: a bijective, well-mixed uint64 → uint64 hash."""
-  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-  return x ^ (x >> np.uint64(31))
-
-
-def _mix_inplace(x: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
-  """`_mix` on an owned uint64 array, overwriting it; `t`: scratch space of
-  x's shape (allocated if None)."""
-  t = np.right_shift(x, np.uint64(30), out=t)
-  x ^= t
-  x *= np.uint64(0xBF58476D1CE4E5B9)
-  np.right_shift(x, np.uint64(27), out=t)
-  x ^= t
-  x *= np.uint64(0x94D049BB133111EB)
-  np.right_shift(x, np.uint64(31), out=t)
-  x ^= t
-  return x
-
-
-def _row_base(keys: np.ndarray, stream: int) -> np.ndarray:
-  """Per-row seeds of one random stream: [B] uint64."""
-  with np.errstate(over="ignore"):
-    return _mix(np.asarray(keys).astype(np.uint64) * _GOLDEN
-                + np.uint64(stream))
-
-
-def _bits53(base: np.ndarray, counters: np.ndarray) -> np.ndarray:
-  """53 random bits per (row, counter): `base` ([B] or [B, 1], from
-  `_row_base`) broadcast against `counters` (uint64 flat indices in a row)."""
-  with np.errstate(over="ignore"):
-    x = _mix_inplace(base + (counters + np.uint64(1)) * _GOLDEN)
-  x >>= np.uint64(11)
-  return x
-
-
-def _to_unit(bits53: np.ndarray) -> np.ndarray:
-  """53 random bits → a float64 in [0, 1) (exact)."""
-  return bits53.astype(np.float64) * (1.0 / (1 << 53))
-
-
-def _uniform(keys: np.ndarray, stream: int, shape: tuple[int, ...]
-             ) -> np.ndarray:
-  """Uniform [0, 1) floats of `shape` = (B, ...) from per-row uint64 keys.
-
-  Element (b, *i) depends only on keys[b], `stream` and the flat index of i
-  within shape[1:], so a prefix of columns can be drawn on its own.
-  """
-  counters = np.arange(int(np.prod(shape[1:], dtype=np.int64)),
-                       dtype=np.uint64).reshape(shape[1:])
-  base = _row_base(keys, stream)
-  return _to_unit(_bits53(base.reshape((-1,) + (1,) * (len(shape) - 1)),
-                          counters))
-
-
-def row_keys(seed: int, epoch, indices: np.ndarray) -> np.ndarray:
-  """Per-instance uint64 keys from (seed, epoch, record index).
-
-  `epoch` is an int or an array broadcastable to `indices`; static masking
-  passes 0 for every epoch.
-  """
-  with np.errstate(over="ignore"):
-    k = _mix(np.uint64(seed) * _GOLDEN + np.uint64(0x632BE59BD9B4E019))
-    k = _mix(k + np.asarray(epoch, np.uint64) * _GOLDEN)
-    return _mix(k + (np.asarray(indices, np.uint64) + np.uint64(1)) * _GOLDEN)
-
-
 def mask_batch(input_ids: np.ndarray,
                attention_mask: np.ndarray,
                keys: np.ndarray,
@@ -149,7 +87,7 @@ def mask_batch(input_ids: np.ndarray,
   Args:
     input_ids: [B, T] int token ids ([CLS] A [SEP] B [SEP] pad...).
     attention_mask: [B, T], nonzero for real tokens.
-    keys: [B] uint64 per-row random keys (see `row_keys`).
+    keys: [B] uint64 per-row random keys (`row_random.row_keys`).
     word_start: [V] bool, whether a vocabulary piece starts a word (the
       SentencePiece rule); ignored when `config.whole_word` is False.
     special: [V] bool, pieces never masked ([CLS], [SEP], padding...).
@@ -299,16 +237,16 @@ def _packed_start_order(keys, num_words, max_words, head, shift, itype):
   batch = len(num_words)
   word_idx = np.arange(max_words, dtype=itype)
   order_bits = np.empty((batch, max_words), np.uint64)
-  order_base = _row_base(keys, 1)[:, None]
+  order_base = row_base(keys, 1)[:, None]
   with np.errstate(over="ignore"):
-    step = (np.arange(max_words, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+    step = (np.arange(max_words, dtype=np.uint64) + np.uint64(1)) * GOLDEN
   word_bits = word_idx.astype(np.uint64)
   chunk = max(1, (1 << 15) // max_words)
   scratch = np.empty((min(chunk, batch), max_words), np.uint64)
   for c0 in range(0, batch, chunk):
     part = order_bits[c0:c0 + chunk]
-    np.add(order_base[c0:c0 + chunk], step, out=part)  # as _bits53
-    _mix_inplace(part, scratch[:len(part)])
+    np.add(order_base[c0:c0 + chunk], step, out=part)  # as bits53
+    mix_inplace(part, scratch[:len(part)])
     part >>= np.uint64(11)
     part[word_idx >= num_words[c0:c0 + chunk, None]] = np.uint64(1 << 53)
     part <<= np.uint64(shift)
@@ -335,7 +273,7 @@ def _argsort_start_order(keys, num_words, max_words, itype):
   """`_start_order` for rows too long to pack: float keys ([B, max_words],
   2.0 for absent words) and a stable argsort."""
   word_idx = np.arange(max_words, dtype=itype)
-  order_keys = _to_unit(_bits53(_row_base(keys, 1)[:, None],
+  order_keys = to_unit(bits53(row_base(keys, 1)[:, None],
                                 np.arange(max_words, dtype=np.uint64)))
   order_keys[word_idx[None, :] >= num_words[:, None]] = 2.0
 
@@ -373,7 +311,7 @@ def _plan_rounds(start: np.ndarray, r0: int, r1: int, words: _Words,
   max_ngram = len(cdf)
   offsets = np.arange(max_ngram, dtype=itype)
   # n ~ p(n), stream 2 column r: 1 + number of cdf steps the draw passed.
-  draws = _to_unit(_bits53(draw_base[None, :],
+  draws = to_unit(bits53(draw_base[None, :],
                            np.arange(r0, r1, dtype=np.uint64)[:, None]))
   n_max = np.ones(draws.shape, itype)
   for c in cdf:
@@ -418,7 +356,7 @@ def _choose_spans(keys: np.ndarray, words: _Words, budget: np.ndarray,
   head = min(max_words, config.max_predictions + 8)
   sorted_order = _start_order(keys, words.num_words, max_words, head, itype)
   cdf = np.cumsum(config.ngram_probs)
-  draw_base = _row_base(keys, 2)
+  draw_base = row_base(keys, 2)
   covered = np.zeros(words.total_words + config.max_ngram, bool)
   count = np.zeros(len(budget), itype)  # [B] tokens masked so far
   r0, r1 = 0, head
@@ -487,9 +425,9 @@ def _replace_tokens(ids: np.ndarray, keys: np.ndarray,
   masked copy of `ids` [B, T] (same dtype) and the original ids [N].
   """
   pos_counter = chosen_pos.astype(np.uint64)
-  u = _to_unit(_bits53(_row_base(keys, 3)[chosen_row], pos_counter))
-  random_ids = np.minimum((_to_unit(_bits53(
-      _row_base(keys, 4)[chosen_row], pos_counter)) * vocab_size
+  u = to_unit(bits53(row_base(keys, 3)[chosen_row], pos_counter))
+  random_ids = np.minimum((to_unit(bits53(
+      row_base(keys, 4)[chosen_row], pos_counter)) * vocab_size
                           ).astype(np.int64), vocab_size - 1)
   original = ids.reshape(-1)[chosen_flat]
   replaced = np.where(u < config.mask_token_prob, mask_id, np.where(

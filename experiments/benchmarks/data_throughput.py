@@ -107,6 +107,7 @@ import albert_jax
 from albert_jax.data import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
+from albert_jax.data import row_random
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
@@ -300,7 +301,7 @@ def bench_case(seq, batch, num_batches, data, ctx, args, repeats, warmup):
   ids, types, attention, special, offsets = data
   real = attention.sum(1)
   sl = [slice(b * batch, (b + 1) * batch) for b in range(num_batches)]
-  keys = [masking.row_keys(SEED, 0, np.arange(s.start, s.stop)) for s in sl]
+  keys = [row_random.row_keys(SEED, 0, np.arange(s.start, s.stop)) for s in sl]
   # HF's native input: a list of per-instance feature dicts.
   features = [[{"input_ids": ids[i].tolist(),
                 "token_type_ids": types[i].tolist(),

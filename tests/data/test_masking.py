@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from albert_jax.data import masking
+from albert_jax.data.row_random import row_keys
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 NUM_SPECIAL = 5
@@ -225,7 +226,7 @@ def realistic():
   """10k rows at seq 128 masked by both implementations (~3 s)."""
   rng = np.random.default_rng(0)
   ids, attention = fake_batch(rng, 10_000)
-  keys = masking.row_keys(7, 0, np.arange(len(ids)))
+  keys = row_keys(7, 0, np.arange(len(ids)))
   got = run_mask_batch(ids, attention, keys)
   chosen = np.zeros(ids.shape, bool)
   weighted = got["masked_weights"] > 0
@@ -299,7 +300,7 @@ def test_single_token_masking_matches_reference():
   # whole_word off: every piece is a candidate on its own.
   rng = np.random.default_rng(3)
   ids, attention = fake_batch(rng, 3000)
-  keys = masking.row_keys(11, 0, np.arange(len(ids)))
+  keys = row_keys(11, 0, np.arange(len(ids)))
   got = run_mask_batch(ids, attention, keys, whole_word=False)
   weighted = got["masked_weights"] > 0
   chosen = np.zeros(ids.shape, bool)
@@ -330,7 +331,7 @@ def test_ngram_near_sequence_end_is_not_renormalised():
   rows = 20_000
   ids = np.tile(np.array([[CLS, 10, 11, SEP]], np.int32), (rows, 1))
   attention = np.ones_like(ids)
-  got = run_mask_batch(ids, attention, masking.row_keys(5, 0, np.arange(rows)),
+  got = run_mask_batch(ids, attention, row_keys(5, 0, np.arange(rows)),
                        masked_lm_prob=0.9)
   only_w2 = ((got["masked_weights"].sum(1) == 1)
              & (got["masked_positions"][:, 0] == 2)).mean()
@@ -357,7 +358,7 @@ def test_longer_ngrams_when_not_favoured():
   # Reversed p(n) must show up as longer masked runs than the default.
   rng = np.random.default_rng(8)
   ids, attention = fake_batch(rng, 2000, piece_probs=(1.0, 0, 0, 0))
-  keys = masking.row_keys(1, 0, np.arange(len(ids)))
+  keys = row_keys(1, 0, np.arange(len(ids)))
   words = word_index(ids, attention)
   hists = []
   for favor in (True, False):
@@ -412,7 +413,7 @@ def mask_small(ids, attention, keys, word_start, special, config):
 def test_invariants(case):
   ids, attention, word_start, special, config, seed = case
   batch, length = ids.shape
-  keys = masking.row_keys(seed, 0, np.arange(batch))
+  keys = row_keys(seed, 0, np.arange(batch))
   out = mask_small(ids, attention, keys, word_start, special, config)
   p = config.max_predictions
 
@@ -488,7 +489,7 @@ def test_invariants(case):
   other_attention = np.concatenate(
       [np.ones((2, length + 5), np.int32),
        np.pad(attention[b:b + 1], ((0, 0), (0, 5)))])
-  other_keys = np.concatenate([masking.row_keys(seed + 1, 0, [0, 1]),
+  other_keys = np.concatenate([row_keys(seed + 1, 0, [0, 1]),
                                keys[b:b + 1]])
   moved = mask_small(other_ids, other_attention, other_keys, word_start,
                      special, config)
@@ -508,7 +509,7 @@ def word_index_for(ids, maskable, word_start, whole_word):
 def test_whole_words_in_realistic_rows():
   rng = np.random.default_rng(2)
   ids, attention = fake_batch(rng, 500)
-  got = run_mask_batch(ids, attention, masking.row_keys(0, 0, np.arange(500)))
+  got = run_mask_batch(ids, attention, row_keys(0, 0, np.arange(500)))
   words = word_index(ids, attention)
   for b in range(len(ids)):
     pos = got["masked_positions"][b][got["masked_weights"][b] > 0]
@@ -524,7 +525,7 @@ def test_continuation_after_separator_starts_a_word():
   rows = 2000
   ids = np.tile(np.array([row], np.int32), (rows, 1))
   got = run_mask_batch(ids, np.ones_like(ids),
-                       masking.row_keys(0, 0, np.arange(rows)),
+                       row_keys(0, 0, np.arange(rows)),
                        masked_lm_prob=0.3, max_ngram=1)
   chosen = np.zeros(ids.shape, bool)
   weighted = got["masked_weights"] > 0
@@ -544,11 +545,11 @@ def test_epochs_and_seeds_change_masks():
   rng = np.random.default_rng(4)
   ids, attention = fake_batch(rng, 64)
   index = np.arange(64)
-  base = run_mask_batch(ids, attention, masking.row_keys(0, 0, index))
-  same = run_mask_batch(ids, attention, masking.row_keys(0, 0, index))
+  base = run_mask_batch(ids, attention, row_keys(0, 0, index))
+  same = run_mask_batch(ids, attention, row_keys(0, 0, index))
   np.testing.assert_array_equal(base["masked_positions"],
                                 same["masked_positions"])
-  for keys in (masking.row_keys(0, 1, index), masking.row_keys(1, 0, index)):
+  for keys in (row_keys(0, 1, index), row_keys(1, 0, index)):
     other = run_mask_batch(ids, attention, keys)
     differs = (other["masked_positions"] != base["masked_positions"]).any(1)
     # Two masks of 19 tokens among ~65 words essentially never coincide in a
@@ -559,22 +560,22 @@ def test_epochs_and_seeds_change_masks():
 
 
 def test_row_keys():
-  keys = masking.row_keys(0, 0, np.arange(1000))
+  keys = row_keys(0, 0, np.arange(1000))
   assert keys.dtype == np.uint64 and keys.shape == (1000,)
   assert len(np.unique(keys)) == 1000
   # Keys of other epochs and seeds are fresh, and an epoch per row works
   # (the loader's dynamic masking passes one).
-  assert not set(keys) & set(masking.row_keys(0, 1, np.arange(1000)))
-  assert not set(keys) & set(masking.row_keys(1, 0, np.arange(1000)))
-  per_row = masking.row_keys(0, np.array([0, 1]), np.array([5, 5]))
+  assert not set(keys) & set(row_keys(0, 1, np.arange(1000)))
+  assert not set(keys) & set(row_keys(1, 0, np.arange(1000)))
+  per_row = row_keys(0, np.array([0, 1]), np.array([5, 5]))
   assert per_row[0] == keys[5]
-  assert per_row[1] == masking.row_keys(0, 1, [5])[0]
+  assert per_row[1] == row_keys(0, 1, [5])[0]
 
 
 def test_rows_without_maskable_tokens():
   ids = np.array([[CLS, SEP, SEP, PAD], [PAD] * 4], np.int32)
   attention = np.array([[1, 1, 1, 0], [0] * 4], np.int32)
-  got = run_mask_batch(ids, attention, masking.row_keys(0, 0, [0, 1]))
+  got = run_mask_batch(ids, attention, row_keys(0, 0, [0, 1]))
   assert not got["masked_weights"].any()
   np.testing.assert_array_equal(got["input_ids"], ids)
 

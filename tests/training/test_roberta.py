@@ -28,6 +28,7 @@ from albert_jax.data import instances as instances_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import pipeline
+from albert_jax.data.row_random import row_keys
 from albert_jax.interop import hf
 from albert_jax.text import run_tokenizer
 from albert_jax.text import train as text_train
@@ -237,7 +238,7 @@ def test_word_starts_and_whole_word_masking(bpe):
   word = np.cumsum(starts)
   batch = np.asarray([ids] * 16)
   out = masking.mask_batch(
-      batch, np.ones_like(batch), masking.row_keys(0, 0, np.arange(16)),
+      batch, np.ones_like(batch), row_keys(0, 0, np.arange(16)),
       word_start=vocab.word_start, special=vocab.special,
       mask_id=vocab.mask_id, vocab_size=VOCAB,
       config=masking.MaskingConfig(max_predictions=6, masked_lm_prob=0.3,
