@@ -44,6 +44,7 @@ from albert_jax.interop.pretrained import load_pretrained
 from albert_jax.text import run_tokenizer
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
+from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
 from albert_jax.training import pretrain
 
@@ -474,7 +475,7 @@ def test_wordpiece_vocab_with_a_repeated_line(tmp_path):
 
 def test_checkpoint_of_another_model_shape(tokenizer, data_dir, workdir):
   before = snapshot(workdir)
-  with pytest.raises(checkpoints.CheckpointShapeError) as error:
+  with pytest.raises(checkpoint_shapes.CheckpointShapeError) as error:
     pretrain.run(run_config(tokenizer, data_dir, hidden_size=48), str(workdir))
   message = str(error.value)
   assert "Checkpoint step 4" in message and "another shape" in message

@@ -159,6 +159,7 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
   """
   from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
   from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import checkpoint_shapes  # pylint: disable=g-import-not-at-top
   from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
   root = storage.path(path)
@@ -193,7 +194,7 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
                                                   step=wanted)
   except FileNotFoundError as e:
     raise CheckpointError(f"Fine-tuning workdir {path}: {e}") from e
-  except (checkpoints.CheckpointShapeError,
+  except (checkpoint_shapes.CheckpointShapeError,
           checkpoints.UnreadableCheckpointError) as e:
     raise CheckpointError(f"Fine-tuning workdir {path}: {e}") from e
   mesh_axes, sharding_rules = _recorded_sharding(root)

@@ -21,6 +21,7 @@ from albert_jax.model import albert as albert_lib
 from albert_jax.model import electra
 from albert_jax.model.config import ModelConfig
 from albert_jax.text import run_tokenizer
+from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
 from albert_jax.training import run_spec
 
@@ -104,7 +105,7 @@ def load(path: str, config: Mapping[str, Any], step: int | None,
                                                        step=step)
   except FileNotFoundError as e:
     raise CheckpointError(f"Workdir {path}: {e}") from e
-  except checkpoints.CheckpointShapeError as e:
+  except checkpoint_shapes.CheckpointShapeError as e:
     raise CheckpointError(
         f"Workdir {path}: its config.json{note} ({what}) does not describe "
         f"the model in checkpoint step {e.step}.\n{e}") from e

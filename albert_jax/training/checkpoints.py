@@ -18,8 +18,8 @@ Reading back: `restore_latest` resumes training from the newest readable
 checkpoint, falling back to older ones (with a warning) when the newest is
 corrupt or incomplete; `restore_params` reads only the parameters, onto one
 device, for inference and fine-tuning. Both first compare the checkpoint's
-stored shapes with the model's and raise CheckpointShapeError listing every
-mismatched array.
+stored shapes with the model's and raise
+`checkpoint_shapes.CheckpointShapeError` listing every mismatched array.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from albert_jax import storage
-from albert_jax import tree as tree_lib
+from albert_jax.training import checkpoint_shapes as shapes_lib
 
 log = logging.getLogger(__name__)
 
@@ -200,22 +200,6 @@ def checkpoint_dir(workdir: str) -> str:
   return os.fspath(storage.path(storage.as_str(workdir)) / CHECKPOINTS)
 
 
-class CheckpointShapeError(ValueError):
-  """A checkpoint whose parameter shapes disagree with the model config.
-
-  Attributes:
-    step: the checkpoint's step.
-    problems: (path, checkpoint shape or None, model shape or None) for every
-      mismatched array; None where one side lacks the path.
-  """
-
-  def __init__(self, message: str, step: int,
-               problems: Sequence[tuple[str, Any, Any]]):
-    super().__init__(message)
-    self.step = step
-    self.problems = list(problems)
-
-
 class UnreadableCheckpointError(RuntimeError):
   """Checkpoints exist, but none of them can be read."""
 
@@ -224,102 +208,6 @@ def _abstract(tree, shardings):
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       tree, shardings)
-
-
-def _target_shapes(tree) -> dict[str, tuple[int, ...]]:
-  """"a/b/0/c" → shape for every array leaf, in orbax's path naming."""
-  return {k: tuple(np.shape(v)) for k, v in tree_lib.flatten(tree).items()}
-
-
-def _stored_shapes(mngr: ocp.CheckpointManager, step: int
-                   ) -> dict[str, tuple[int, ...]]:
-  """The state's array shapes as saved, read from the checkpoint metadata.
-
-  Orbax stores tuples and lists as lists and named tuples (optax states) as
-  dicts of their fields, which `_target_shapes` names the same way.
-  """
-  meta = mngr.item_metadata(step)["state"]
-  tree = getattr(meta, "tree", meta)
-  if tree is None:
-    raise ValueError(f"checkpoint step {step} has no state metadata")
-  flat = {}
-
-  def walk(node, prefix):
-    if isinstance(node, Mapping):
-      items = node.items()
-    elif isinstance(node, (list, tuple)):
-      items = enumerate(node)
-    else:
-      if hasattr(node, "shape"):
-        flat[prefix] = tuple(node.shape)
-      return
-    for k, v in items:
-      walk(v, f"{prefix}/{k}" if prefix else str(k))
-  walk(tree, "")
-  return flat
-
-
-def _shape_problems(stored: Mapping[str, tuple[int, ...]],
-                    wanted: Mapping[str, tuple[int, ...]],
-                    extra_under: Sequence[str] | None = None):
-  """Mismatches as (path, stored shape or None, wanted shape or None).
-
-  A stored array the target lacks counts only under `extra_under` prefixes
-  (all of them when None): a partial restore ignores the rest.
-  """
-  problems = []
-  for key, shape in wanted.items():
-    if stored.get(key) != shape:
-      problems.append((key, stored.get(key), shape))
-  for key, shape in stored.items():
-    if key in wanted:
-      continue
-    if extra_under is None or any(key == p or key.startswith(p + "/")
-                                  for p in extra_under):
-      problems.append((key, shape, None))
-  return sorted(problems)
-
-
-def _shape_error(directory, step: int, problems) -> CheckpointShapeError:
-  # Parameters first: optimizer slots mirror them and say nothing new.
-  problems = sorted(problems, key=lambda p: (not p[0].startswith("params/"),
-                                             p[0]))
-  num_params = sum(p[0].startswith("params/") for p in problems)
-  lines = []
-  for key, stored, wanted in problems[:30]:
-    if stored is None:
-      lines.append(f"  {key}: missing from the checkpoint (model {wanted})")
-    elif wanted is None:
-      lines.append(f"  {key}: in the checkpoint {stored}, not in the model")
-    else:
-      lines.append(f"  {key}: checkpoint {stored}, model {wanted}")
-  if len(problems) > 30:
-    lines.append(f"  ... and {len(problems) - 30} more")
-  return CheckpointShapeError(
-      f"Checkpoint step {step} in {directory} was written by a model of "
-      "another shape (or with other heads / optimizer); "
-      f"{len(problems)} mismatched arrays ({num_params} parameters):\n"
-      + "\n".join(lines) + "\nUse the config the checkpoint was written "
-      "with, or a new workdir.", step, problems)
-
-
-def check_shapes(mngr: ocp.CheckpointManager, step: int, target: Any,
-                 partial: bool = False) -> None:
-  """Raises CheckpointShapeError listing every path whose shape differs.
-
-  Args:
-    mngr: the checkpoint manager.
-    step: which checkpoint.
-    target: the (abstract) state to restore into, or a subset of it
-      (e.g. {"params": ...}) with `partial`.
-    partial: only the target's top-level subtrees are compared; arrays the
-      checkpoint holds elsewhere are ignored.
-  """
-  wanted = _target_shapes(target)
-  extra_under = sorted(target) if partial else None
-  problems = _shape_problems(_stored_shapes(mngr, step), wanted, extra_under)
-  if problems:
-    raise _shape_error(mngr.directory, step, problems)
 
 
 def brief_error(error: BaseException, limit: int = 400) -> str:
@@ -332,7 +220,7 @@ def brief_error(error: BaseException, limit: int = 400) -> str:
 def _read_metadata(mngr, step, directory):
   """Stored shapes, or None (with a warning) when the metadata is unreadable."""
   try:
-    return _stored_shapes(mngr, step)
+    return shapes_lib.stored_shapes(mngr, step)
   except Exception as e:  # pylint: disable=broad-except
     log.warning("Checkpoint step %d in %s has unreadable metadata (%s: %s); "
                 "trying the previous one.", step, directory,
@@ -383,7 +271,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any,
       training from scratch over them would be a silent loss.
   """
   target = _abstract(abstract_state, shardings)
-  wanted = _target_shapes(target)
+  wanted = shapes_lib.target_shapes(target)
   steps = sorted(mngr.all_steps(), reverse=True)
   failures = []
   for step in steps:
@@ -391,9 +279,9 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any,
     if stored is None:
       failures.append(step)
       continue
-    problems = _shape_problems(stored, wanted)
+    problems = shapes_lib.shape_problems(stored, wanted)
     if problems:
-      raise _shape_error(mngr.directory, step, problems)
+      raise shapes_lib.shape_error(mngr.directory, step, problems)
     try:
       restored = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target),
@@ -480,16 +368,17 @@ def restore_params(workdir: str, abstract_params: Any,
   target = {"params": jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
       abstract_params)}
-  wanted = _target_shapes(target)
+  wanted = shapes_lib.target_shapes(target)
   failures = []
   for s in steps:
     stored = _read_metadata(mngr, s, directory)
     if stored is None:
       failures.append(s)
       continue
-    problems = _shape_problems(stored, wanted, extra_under=["params"])
+    problems = shapes_lib.shape_problems(stored, wanted,
+                                         extra_under=["params"])
     if problems:
-      raise _shape_error(directory, s, problems)
+      raise shapes_lib.shape_error(directory, s, problems)
     try:
       restored = mngr.restore(s, args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(

@@ -30,6 +30,7 @@ from albert_jax.interop import CheckpointError
 from albert_jax.interop.pretrained import load_pretrained
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
+from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
@@ -344,7 +345,7 @@ def test_shape_mismatch_lists_paths(tiny, tmp_path):
   abstract, shardings = tiny
   save_all(tmp_path, [random_state(abstract, shardings, step=4)])
   other, other_shardings = abstract_state(tiny_config(hidden_size=48))
-  with pytest.raises(checkpoints.CheckpointShapeError) as e:
+  with pytest.raises(checkpoint_shapes.CheckpointShapeError) as e:
     checkpoints.restore_latest(checkpoints.manager(tmp_path), other,
                                other_shardings)
   message = str(e.value)
@@ -356,7 +357,7 @@ def test_shape_mismatch_lists_paths(tiny, tmp_path):
   paths = {p for p, _, _ in e.value.problems}
   assert any(p.startswith("opt_state/") and p.endswith("pooler/kernel")
              for p in paths), sorted(paths)
-  with pytest.raises(checkpoints.CheckpointShapeError,
+  with pytest.raises(checkpoint_shapes.CheckpointShapeError,
                      match="embedding_hidden_mapping_in"):
     checkpoints.restore_params(tmp_path, other["params"])
 
