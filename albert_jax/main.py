@@ -160,11 +160,11 @@ def _input_error(e: BaseException) -> bool:
   a workdir in use, training that diverged): its message says what is wrong
   and how to fix it, and a traceback would only bury it."""
   from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import guards  # pylint: disable=g-import-not-at-top
   from albert_jax.training import lease  # pylint: disable=g-import-not-at-top
-  from albert_jax.training import loop  # pylint: disable=g-import-not-at-top
   return isinstance(e, (ValueError, OSError, lease.WorkdirBusyError,
                         checkpoints.UnreadableCheckpointError,
-                        loop.NonFiniteError))
+                        guards.NonFiniteError))
 
 
 def main(argv):

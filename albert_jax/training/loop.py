@@ -15,19 +15,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import subprocess
-import sys
 import time
 from typing import Any, Callable, Iterable
 
 import flax.linen as nn
 import jax
-import numpy as np
 
 from albert_jax import storage
 from albert_jax.model import flops as flops_lib
 from albert_jax.training import checkpoints
+from albert_jax.training import guards
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import metrics as metrics_lib
 from albert_jax.training import recipe
@@ -115,10 +113,6 @@ def restore_or_create(config, workdir: str, init: Callable, tx, mesh, rules,
   return StartState(state, shardings, abstract, mngr, restored is not None)
 
 
-class NonFiniteError(FloatingPointError):
-  """Too many consecutive steps had a NaN/Inf loss or gradient."""
-
-
 def git_commit() -> str:
   try:
     return subprocess.run(
@@ -156,105 +150,6 @@ def record_config(config, workdir: str) -> None:
     storage.write_atomic(root / "config.json",
                          config.to_json_best_effort(indent=2))
     storage.write_atomic(root / "git_commit.txt", git_commit() + "\n")
-
-
-class Preemption:
-  """Turns SIGTERM and SIGINT (Ctrl-C) into a request the loop checks
-  between steps: the step in progress finishes, is saved, and the run ends
-  cleanly. A second Ctrl-C stops at once (KeyboardInterrupt), still keeping
-  the newest finished checkpoint."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.requested: str | None = None  # the first signal's name
-    self._previous = {}
-
-  def __enter__(self):
-    def handler(signum, frame):
-      del frame
-      if signum == signal.SIGINT and self.requested == "SIGINT":
-        raise KeyboardInterrupt
-      if self.requested is None:
-        self.requested = signal.Signals(signum).name
-        if signum == signal.SIGINT:
-          sys.stderr.write("\nCtrl-C: saving after this step and stopping "
-                           "(press Ctrl-C again to stop at once).\n")
-    for signum in self.SIGNALS:
-      try:
-        self._previous[signum] = signal.signal(signum, handler)
-      except ValueError:  # not the main thread
-        pass
-    return self
-
-  def __exit__(self, *exc):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
-    self._previous = {}
-
-  @property
-  def name(self) -> str:
-    """The signal that stopped the run ("SIGTERM" when it came to another
-    host)."""
-    return self.requested or "SIGTERM"
-
-  def agreed(self, lease=None) -> tuple[bool, bool]:
-    """(stop, lease lost), agreed by all hosts: all stop together, or none
-    does. Only process 0 holds the lease and sees it taken over."""
-    flags = np.asarray([self.requested is not None,
-                        lease is not None and lease.taken.is_set()])
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      flags = np.any(multihost_utils.process_allgather(flags), axis=0)
-    return bool(flags[0]), bool(flags[1])
-
-
-def state_is_finite(state: Any) -> bool:
-  """Whether every float array of the train state is finite."""
-  from albert_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
-  bad = jax.jit(step_lib.nonfinite_leaves)(
-      {k: state[k] for k in ("params", "opt_state") if k in state})
-  return not bool(np.any(jax.device_get(bad)))
-
-
-class NonFiniteGuard:
-  """Counts consecutive skipped steps; raises after `limit` of them."""
-
-  def __init__(self, limit: int, param_paths: list[str]):
-    if limit < 1:
-      raise ValueError(f"config.max_consecutive_nonfinite must be >= 1, got "
-                       f"{limit}.")
-    self.limit, self.paths = limit, param_paths
-    self.streak = 0
-    self.total = 0
-
-  def update(self, step: int, skipped: float, bad_leaves: np.ndarray,
-             bad_update: np.ndarray | None = None) -> None:
-    """Records step `step`'s outcome (1-based: the step that just ran).
-    `bad_update` flags the parameters (and, last, the optimizer state) the
-    update would have made non-finite."""
-    if not skipped:
-      self.streak = 0
-      return
-    self.streak += 1
-    self.total += 1
-    bad = [p for p, b in zip(self.paths, np.asarray(bad_leaves)) if b]
-    if not bad and bad_update is not None and np.any(bad_update):
-      flags = np.asarray(bad_update)
-      bad = [f"{p} (its update)" for p, b in zip(self.paths, flags) if b]
-      bad += ["the optimizer state"] if flags[-1] else []
-    log.warning("Step %d: non-finite loss, gradient or update, update "
-                "skipped (%d in a row). Non-finite: %s", step, self.streak,
-                ", ".join(bad) or "none (the loss itself)")
-    if self.streak >= self.limit:
-      shown = ", ".join(bad[:20]) + (" …" if len(bad) > 20 else "")
-      raise NonFiniteError(
-          f"Stopped at step {step}: the last {self.streak} steps all had a "
-          f"non-finite loss, gradient or update. Non-finite at step {step}: "
-          f"{shown or 'none (the loss itself)'}. "
-          "Lower optimizer.learning_rate, check the data at these steps, "
-          "use float32 (model.dtype), or raise "
-          "config.max_consecutive_nonfinite.")
 
 
 @dataclasses.dataclass
@@ -301,7 +196,7 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
              flops_per_step=flops_per_step,
              tokens_per_sequence=tokens_per_sequence, param_paths=param_paths,
              best_key=best_key)
-  with Preemption() as preemption:
+  with guards.Preemption() as preemption:
     try:
       for step, batch in batches:
         done, m = run.train(step, batch)
@@ -362,8 +257,8 @@ class _Fit:
                                          enabled=is_main)
     self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
                                         config.peak_tflops_per_device)
-    self.guard = NonFiniteGuard(config.get("max_consecutive_nonfinite", 20),
-                                param_paths)
+    self.guard = guards.NonFiniteGuard(
+        config.get("max_consecutive_nonfinite", 20), param_paths)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = -1
     self.saved = {start_step} if resumed else set()
@@ -398,20 +293,20 @@ class _Fit:
     try:
       self.guard.update(step, float(flags["skipped"]),
                         flags["nonfinite_grads"], flags["nonfinite_update"])
-    except NonFiniteError as e:
+    except guards.NonFiniteError as e:
       # The state holds the last finite step's parameters (the step counter
       # may be one further: the next step was already queued), unless it
       # started non-finite (a damaged checkpoint): then nothing is saved.
       at = int(jax.device_get(self.state["step"]))
-      if not state_is_finite(self.state):
+      if not guards.state_is_finite(self.state):
         self.shutdown(None)
-        raise NonFiniteError(
+        raise guards.NonFiniteError(
             f"{e} The parameters or optimizer state were already non-finite "
             "before these steps (a damaged checkpoint or init); nothing was "
             f"saved. Resume from an earlier checkpoint in {self.workdir}, or "
             "start a new run.") from None
       self.shutdown(at)
-      raise NonFiniteError(
+      raise guards.NonFiniteError(
           f"{e} The parameters of the last finite step were saved as "
           f"checkpoint {at} in {self.workdir}.") from None
 

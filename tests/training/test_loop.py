@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from albert_jax.training import checkpoints
+from albert_jax.training import guards
 from albert_jax.training import loop
 
 
 def test_guard_counts_consecutive_skips_and_names_parameters(caplog):
-  guard = loop.NonFiniteGuard(3, ["a/kernel", "b/bias"])
+  guard = guards.NonFiniteGuard(3, ["a/kernel", "b/bias"])
   with caplog.at_level(logging.WARNING, logger="albert_jax.training.loop"):
     guard.update(1, 1.0, np.array([True, False]))
   assert "Step 1" in caplog.text and "a/kernel" in caplog.text
@@ -22,7 +23,7 @@ def test_guard_counts_consecutive_skips_and_names_parameters(caplog):
   assert (guard.streak, guard.total) == (0, 2)
   guard.update(4, 1.0, np.array([False, True]))
   guard.update(5, 1.0, np.array([False, True]))
-  with pytest.raises(loop.NonFiniteError) as e:
+  with pytest.raises(guards.NonFiniteError) as e:
     guard.update(6, 1.0, np.array([True, True]))
   message = str(e.value)
   assert "Stopped at step 6" in message
@@ -33,14 +34,14 @@ def test_guard_counts_consecutive_skips_and_names_parameters(caplog):
 
 
 def test_guard_names_the_loss_when_no_gradient_is_bad():
-  guard = loop.NonFiniteGuard(1, ["w"])
-  with pytest.raises(loop.NonFiniteError, match=r"none \(the loss itself\)"):
+  guard = guards.NonFiniteGuard(1, ["w"])
+  with pytest.raises(guards.NonFiniteError, match=r"none \(the loss itself\)"):
     guard.update(1, 1.0, np.array([False]))
 
 
 def test_guard_names_the_parameters_an_update_made_non_finite():
-  guard = loop.NonFiniteGuard(1, ["a/kernel", "b/bias"])
-  with pytest.raises(loop.NonFiniteError) as e:
+  guard = guards.NonFiniteGuard(1, ["a/kernel", "b/bias"])
+  with pytest.raises(guards.NonFiniteError) as e:
     guard.update(4, 1.0, np.array([False, False]),
                  np.array([False, True, True]))
   assert ("Non-finite at step 4: b/bias (its update), the optimizer state."
@@ -55,7 +56,7 @@ def test_a_run_that_started_non_finite_saves_nothing(tmp_path):
   state = {"step": jnp.zeros([], jnp.int32),
            "params": {"w": jnp.full(2, jnp.nan)}}
   mngr = checkpoints.manager(str(tmp_path), async_save=False)
-  with pytest.raises(loop.NonFiniteError) as e:
+  with pytest.raises(guards.NonFiniteError) as e:
     loop.fit(config, state=state, train_step=_fake_step(1),
              batches=((i, None) for i in range(10)), start_step=0,
              resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
@@ -69,7 +70,7 @@ def test_a_run_that_started_non_finite_saves_nothing(tmp_path):
 
 def test_guard_refuses_a_nonpositive_limit():
   with pytest.raises(ValueError, match="max_consecutive_nonfinite"):
-    loop.NonFiniteGuard(0, [])
+    guards.NonFiniteGuard(0, [])
 
 
 def _config(**overrides):
@@ -107,7 +108,7 @@ def _fit(tmp_path, first_bad, **config):
 
 
 def test_fit_stops_after_consecutive_nonfinite_steps_and_saves(tmp_path):
-  with pytest.raises(loop.NonFiniteError, match="Stopped at step 7") as e:
+  with pytest.raises(guards.NonFiniteError, match="Stopped at step 7") as e:
     _fit(tmp_path, first_bad=5)
   # The guard reads each step's flags one step late, so step 8 had already
   # run (and been skipped) when the run stopped; that state is saved, with
