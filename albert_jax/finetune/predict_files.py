@@ -2,7 +2,7 @@
 
 `predict_file` streams a TSV/CSV/JSONL(.gz) file's rows, a chunk at a time,
 through `FineTuned.predict` (`albert_jax.finetune.predict`) into a JSONL
-file; `python -m albert_jax.predict` is its command line.
+file; `main` is its command line (`python -m albert_jax.predict`).
 """
 
 from __future__ import annotations
@@ -113,3 +113,67 @@ def _progress(enabled: bool, what: str):
   from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
   return tqdm.tqdm(desc=os.path.basename(os.fspath(what)), unit=" rows",
                    file=sys.stderr, mininterval=1.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m albert_jax.predict --model=DIR --input=FILE --output=FILE`."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m albert_jax.predict",
+      description="Predicts with a fine-tuned model on a TSV/CSV/JSONL(.gz) "
+      "file, writing one JSON line per row.")
+  parser.add_argument("--model", required=True,
+                      help="a fine-tuning workdir (local or gs://)")
+  parser.add_argument("--input", required=True,
+                      help="TSV, CSV or JSONL, optionally .gz")
+  parser.add_argument("--output", required=True,
+                      help="JSONL (.jsonl or .jsonl.gz)")
+  parser.add_argument("--step", default=None,
+                      help="'best', a step number, or the newest (default)")
+  parser.add_argument("--columns", default=None,
+                      help="comma-separated input columns, in the order the "
+                      "task reads them (default: the trained ones)")
+  parser.add_argument("--header", default=None,
+                      help="comma-separated column names of a TSV/CSV "
+                      "without a header row")
+  parser.add_argument("--batch_size", type=int, default=32,
+                      help="rows per forward pass; with several devices, "
+                      "rounded up to a multiple of the data axes' size")
+  parser.add_argument("--no_progress", action="store_true")
+  parser.add_argument("--num_fake_devices", type=int, default=0,
+                      help="use N CPU devices (set before JAX starts, by "
+                      "`python -m albert_jax.predict`) to predict sharded "
+                      "as on N accelerators")
+  args = parser.parse_args(argv)
+  fake = args.num_fake_devices
+  if fake < 0:
+    parser.error(f"--num_fake_devices={fake} must be a whole number >= 0, "
+                 "e.g. --num_fake_devices=8")
+  if fake > 0 and jax.device_count() != fake:
+    parser.error(f"--num_fake_devices={fake} takes effect only as JAX "
+                 f"starts, but it has started with {jax.device_count()} "
+                 "device(s); pass it to `python -m albert_jax.predict`.")
+  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
+  step = args.step
+  if step not in (None, "best"):
+    try:
+      step = int(step)
+    except ValueError:
+      parser.error(f"--step={step!r}: give 'best' or a step number.")
+  try:
+    model = predict_lib.load(args.model, step)
+    count = predict_file(
+        model, args.input, args.output,
+        columns=args.columns.split(",") if args.columns else None,
+        header=args.header.split(",") if args.header else None,
+        batch_size=args.batch_size, progress=not args.no_progress)
+  except (CheckpointError, PredictError, tabular.FileFormatError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  where = ("" if model.mesh is None
+           else f"; mesh {predict_lib.mesh_description(model.mesh)}")
+  print(f"{count} predictions written to {args.output} (step {model.step} "
+        f"of {args.model}{where}).", file=sys.stderr)
+  return 0

@@ -20,6 +20,7 @@ import albert_jax.text.train
 from albert_jax import config_lib
 from albert_jax import storage
 from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune import predict_files
 from albert_jax.finetune import run as ft
 from albert_jax.interop import CheckpointError
 from locations import REPO
@@ -153,7 +154,7 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
   source = tmp_path / "in.jsonl.gz"
   source.write_bytes(gzip.compress(rows.encode()))
   out = tmp_path / "out.jsonl"
-  assert predict_lib.main([f"--model={workdir}", f"--input={source}",
+  assert predict_files.main([f"--model={workdir}", f"--input={source}",
                            f"--output={out}", "--batch_size=4",
                            "--no_progress"]) == 0
   lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -164,7 +165,7 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
       f"{len(texts)} predictions written to {out} (step 4 of {workdir}).")
   bad = tmp_path / "bad.tsv"
   bad.write_text("words\nhello\n")
-  assert predict_lib.main([f"--model={workdir}", f"--input={bad}",
+  assert predict_files.main([f"--model={workdir}", f"--input={bad}",
                            f"--output={out}", "--no_progress"]) == 2
   assert capsys.readouterr().err == (
       f"error: {bad}, line 2: no column 'text' (columns: ['words']); name "
@@ -187,6 +188,7 @@ import jax
 jax.config.update("jax_default_matmul_precision", "highest")
 import albert_jax
 from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune import predict_files
 
 workdir, texts = sys.argv[1], json.loads(sys.argv[2])
 model = albert_jax.load_pretrained(workdir)
@@ -306,7 +308,7 @@ def test_predict_cli_fake_devices_must_come_first(classifier, tmp_path,
                                                   capsys):
   workdir, _, _ = classifier
   with pytest.raises(SystemExit) as exit_info:
-    predict_lib.main([f"--model={workdir}", "--input=x.tsv",
+    predict_files.main([f"--model={workdir}", "--input=x.tsv",
                       f"--output={tmp_path / 'out.jsonl'}",
                       "--num_fake_devices=4"])
   assert exit_info.value.code == 2
