@@ -31,6 +31,7 @@ import pytest
 
 from albert_jax.data import instances as inst_lib
 from albert_jax.data import masking
+from albert_jax.data.row_random import row_keys
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
@@ -234,8 +235,7 @@ def test_masking_random_instances(case, data):
       favor_shorter_ngram=data.draw(st.booleans()),
       whole_word=data.draw(st.booleans()))
   p = mask_config.max_predictions
-  keys = masking.row_keys(seed, data.draw(st.integers(0, 3)),
-                          np.arange(len(made)))
+  keys = row_keys(seed, data.draw(st.integers(0, 3)), np.arange(len(made)))
 
   def mask(ids, attention, keys):
     return masking.mask_batch(ids, attention, keys, word_start=word_start,
