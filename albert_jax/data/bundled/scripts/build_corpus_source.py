@@ -21,12 +21,12 @@ keeps its corpus's licence (README.md).
 """
 
 import argparse
-import glob
 import gzip
 import io
 import os
 import random
 
+from albert_jax.data import documents as documents_lib
 from albert_jax.data.shards import is_eval_document
 
 EVAL_FRACTION = 0.02  # configs/demo.py's data.eval_fraction
@@ -38,16 +38,17 @@ SEED = 0
 def rows(data_dir: str) -> list[tuple[str, str]]:
   """(label, sentence) rows of the task, in file order."""
   index, held_out, pre_trained = 0, {}, set()
-  for path in sorted(glob.glob(os.path.join(data_dir, "corpus", "*.txt.gz"))):
+  # data.prepare's reader, file by file in its order, so the document
+  # indices are the ones its held-out choice sees.
+  for path in documents_lib.expand_paths(
+      os.path.join(data_dir, "corpus", "*.txt.gz")):
     name = os.path.basename(path).split(".")[0]
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-      docs = f.read().rstrip("\n").split("\n\n")
-    for doc in docs:
+    for doc in documents_lib.read_sentence_files([path]):
       if is_eval_document(index, EVAL_FRACTION):
         held_out.setdefault(name, []).extend(
-            s for s in doc.split("\n") if len(s.split()) >= MIN_WORDS)
+            s for s in doc if len(s.split()) >= MIN_WORDS)
       else:
-        pre_trained.update(doc.split("\n"))
+        pre_trained.update(doc)
       index += 1
   rng = random.Random(SEED)
   out, seen = [], set(pre_trained)
