@@ -43,6 +43,9 @@ def get_config(arg=None):
       warmup_steps=max(steps // 10, 1), learning_rate=5e-3,
       max_seq_length=128, max_predictions=20)
   c.data.dupe_factor = 2
+  # task=source's sentences come from the documents held out at exactly this
+  # fraction (bundled/scripts/build_corpus_source.py): change it and the
+  # pre-training may see some of them.
   c.data.eval_fraction = 0.02
   c.data.num_workers = 2
   c.log_every_steps = 10
