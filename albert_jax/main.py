@@ -8,7 +8,8 @@ r"""albert_jax's command line: pre-train (and, by config, fine-tune).
 Every field of the config can be overridden with `--config.a.b=value`; the
 config is locked, so a key that does not exist fails with the closest valid
 names. `--compile_only` compiles the train step ahead of time for the config's
-mesh (`--topology=v5e:16x16`: a TPU slice, by the real TPU compiler; or
+mesh (`--topology=v5e:16x16`: a TPU slice, by the real TPU compiler;
+`--topology=h100`: GPUs, by XLA:GPU, with a roofline of its kernels; or
 `--num_fake_devices=N` CPU devices standing in for accelerators, an
 estimate) and prints per-device memory without running anything. Multi-host runs
 (TPU pods) initialise `jax.distributed` when `--distributed` is set, or when
@@ -41,8 +42,9 @@ def _early_fake_devices(argv: list[str]) -> None:
           f"{flags} --xla_force_host_platform_device_count={int(value)}")
       os.environ["JAX_PLATFORMS"] = "cpu"
     if arg == "--topology" or arg.startswith("--topology="):
-      # Compiling for a TPU slice uses no local accelerator: trace on CPU,
-      # leaving a TPU host's chips to whatever runs on them.
+      # Compiling for a TPU slice or GPUs uses no local accelerator: trace
+      # on CPU, leaving a host's chips to whatever runs on them (and the
+      # CUDA plugin then gives compile-only devices on a host without one).
       os.environ["JAX_PLATFORMS"] = "cpu"
 
 
@@ -70,7 +72,9 @@ _COMPILE_ONLY = flags.DEFINE_bool(
 _TOPOLOGY = flags.DEFINE_string(
     "topology", None, "With --compile_only: compile for this TPU slice with "
     "the real TPU compiler (needs libtpu), e.g. v5e:16x16, v4:2x4x4, "
-    "v5p:4x4x4, v6e:16x16.")
+    "v5p:4x4x4, v6e:16x16; or for these GPUs with XLA:GPU (the gpu_aot "
+    "extra), with each kernel's HBM bytes and a modelled step time: h100, "
+    "h100:8, h200.")
 flags.DEFINE_integer("num_fake_devices", 0, "Use N CPU devices (set before "
                      "JAX starts) to compile for a mesh you do not have.")
 _DEVICE_MEMORY = flags.DEFINE_float(

@@ -126,7 +126,14 @@ class FFNBlock(nn.Module):
     y = _constrain(y, ("batch", "length", "mlp"))
     output = layers.Dense((cfg.hidden_size,), ("mlp", "embed"), name="output",
                           **kw)
-    act = layers.activation(cfg.hidden_act)
+    named = layers.activation(cfg.hidden_act)
+
+    def act(h):
+      # Named so that a compiled step's kernels can be traced back to it
+      # (tools.hlo_stats: the "activation" category).
+      with jax.named_scope("activation"):
+        return named(h)
+
     # The activation is recomputed in the backward pass (one elementwise op)
     # so that only its input is kept, not also its output, which the output
     # matmul's weight gradient would otherwise hold: one [B, T, F] array per

@@ -23,6 +23,13 @@ is made of the abstract chips of that TPU slice and the step is compiled by
 the real TPU compiler, Mosaic kernels included: the memory figures are the
 TPU compiler's own, and a step that needs more HBM than a chip has is
 refused by the compiler itself (`DoesNotFit`, with the bytes it asked for).
+With `--topology=h100` (or h100:8, h200; `albert_jax.tools.topology`, the
+`gpu_aot` extra) the mesh is made of compile-only GPUs and XLA:GPU compiles
+the step as it would for the card (its memory analysis predicted an H100's
+measured temporaries within 2%); the report then lists every kernel's HBM
+bytes by category and prices them on the card (`tools.roofline`: a step
+time and MFU, with the calibration against measured steps stated). A TPU
+slice gets the same kernel table, priced at datasheet rates.
 The report adds what the step does (`hlo_stats`): its Mosaic kernels and
 collectives per step, and three FLOP counts per device. `model.flops`'
 analytic count is the model's matmuls, 3 × forward (what MFU is measured
@@ -53,6 +60,7 @@ same sizes; XLA:CPU would widen bfloat16 buffers to float32).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -69,6 +77,7 @@ from albert_jax import sharding as sharding_lib
 from albert_jax.tools import compile_report
 from albert_jax.tools import compile_targets
 from albert_jax.tools import hlo_stats
+from albert_jax.tools import roofline
 from albert_jax.tools import topology as topology_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
@@ -213,7 +222,10 @@ def compile_train_step(config, *, fast: bool = True,
                          sharding_lib.data_sharding(mesh))
   step = step_lib.make_train_step(target.objective, tx, schedule, acc)
   jitted = step_lib.jit_train_step(step, shardings, mesh, rules).jitted
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  lowering = (topology_lib.gpu_lowering(topology_lib.gpu_topology(topology)[0])
+              if topology and topology_lib.is_gpu(topology)
+              else contextlib.nullcontext())
+  with lowering, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     lowered = jitted.lower(state, batch)
   lower_seconds = time.perf_counter() - start
   options = None
@@ -284,9 +296,8 @@ def analyse(config, *, fast: bool = True,
   result["platform"] = device.platform
   result["device_kind"] = device.device_kind
   result["topology"] = topology
-  result["memory_source"] = (compile_report.TPU_COMPILER
-                             if device.platform == "tpu"
-                             else compile_report.CPU_ESTIMATE)
+  result["memory_source"] = compile_report.MEMORY_SOURCES.get(
+      device.platform, compile_report.CPU_ESTIMATE)
   result["target"] = built.target.name
   result["model"] = built.target.model_config.to_dict()
   result["flops_analytic"] = built.target.flops_per_step / built.mesh.size
@@ -299,14 +310,21 @@ def analyse(config, *, fast: bool = True,
   result["flops_hlo_kernels"] = counted["kernels"]
   result["flops_compiler"] = compiler_flops(built.compiled)
   result["hlo_error"] = None
+  result["traffic"] = None
   try:
-    stats = hlo_stats.analyse(built.compiled.as_text())
+    hlo = built.compiled.as_text()
+    stats = hlo_stats.analyse(hlo)
   except jax.errors.JaxRuntimeError as e:
     # jaxlib cannot print every program libtpu compiles (v5p:4x4x4's
     # async collectives: "async-update instruction should have 1
     # operands"); the memory analysis stands without it.
     stats = None
     result["hlo_error"] = str(e).splitlines()[0]
+  if stats is not None and device.platform != "cpu":
+    # What each kernel moves and computes, priced on the card or chip.
+    result["traffic"] = roofline.summarize(
+        hlo_stats.kernels(hlo), roofline.card(device.device_kind),
+        result["flops_analytic"])
   result["mosaic_kernels"] = stats and stats.mosaic_kernels
   result["collectives"] = stats and stats.collectives
   result["unknown_loops"] = stats.unknown_loops if stats else 0
@@ -343,7 +361,7 @@ def report(config, device_memory_gib: float | None = None,
   if device_memory_gib is None:
     device_memory_gib = _device_memory_from_env()
   result = analyse(config, topology=topology)
-  if device_memory_gib is None and result["platform"] == "tpu":
+  if device_memory_gib is None and result["platform"] != "cpu":
     device_memory_gib = topology_lib.hbm_gib(result["device_kind"])
   result["fits"] = compile_report.fits(result["total"], device_memory_gib,
                                        headroom)

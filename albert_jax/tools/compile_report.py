@@ -15,12 +15,15 @@ import math
 from typing import Any
 
 from albert_jax import sharding as sharding_lib
+from albert_jax.tools import roofline
 
 GIB = 1024 ** 3
 DEFAULT_HEADROOM = 0.10
 # Where a compile's memory figures come from, as the report labels them.
 TPU_COMPILER = "TPU compiler"
+GPU_COMPILER = "XLA:GPU compiler"
 CPU_ESTIMATE = "XLA:CPU estimate"
+MEMORY_SOURCES = {"tpu": TPU_COMPILER, "gpu": GPU_COMPILER}
 
 
 def budget(device_memory_gib: float | None,
@@ -59,12 +62,14 @@ def _program_lines(result: dict[str, Any]) -> list[str]:
   if kernels:
     lines.append(
         f"    matmuls {matmuls:.4g} ({matmuls / (analytic - attention):.3f}x "
-        f"analytic without attention), Mosaic kernels {kernels:.4g} "
+        f"analytic without attention), attention kernels {kernels:.4g} "
         f"({kernels / attention:.3f}x analytic attention)")
   lines.append(
       "    (the HLO also counts recomputation, which model.flops leaves out "
       "as MFU should: remat's forward matmuls; the flash backward's second "
-      "pass over the attention scores, 1.5x)")
+      "pass over the attention scores, 1.5x; cuDNN attention declares no "
+      "FLOPs and is counted by the convention, backward 2.5 forwards, "
+      "1.167x)")
   if result["flops_compiler"] is not None:
     lines.append(f"  compiler's cost_analysis(): {result['flops_compiler']:.4g} "
                  "(elementwise work included, each loop body counted once: "
@@ -73,8 +78,8 @@ def _program_lines(result: dict[str, Any]) -> list[str]:
     lines.append("Mosaic kernels and collectives: unknown, the compiled "
                  f"program's HLO text is unreadable ({result['hlo_error']})")
     return lines
-  if result["platform"] == "tpu":
-    calls = result["mosaic_kernels"]
+  calls = result["mosaic_kernels"] or {}
+  if result["platform"] == "tpu" or calls:
     names = ", ".join(f"{k} {v}" for k, v in calls.items())
     lines.append(f"Mosaic kernels per step: {sum(calls.values())}"
                  + (f" ({names})" if names else " (attention runs on XLA)"))
@@ -98,14 +103,18 @@ def format_report(config, result: dict[str, Any],
       v for k, v in result["mesh"].items() if k in sharding_lib.DATA_AXES)
   per_device = config.batch_size // data_parallel
   tpu = result["memory_source"] == TPU_COMPILER
+  source = result["memory_source"]
+  accelerator = source != CPU_ESTIMATE
+  unit_name = {TPU_COMPILER: "chip", GPU_COMPILER: "GPU"}.get(source,
+                                                               "device")
   m = result["model"]
   unit, scale = ("GiB", GIB) if result["total"] >= GIB / 4 else ("MiB", 2**20)
   gib = lambda key: result[key] / scale  # noqa: E731
-  where = (f"by the TPU compiler for {result['num_devices']} "
-           f"{result['device_kind']} chips (topology {result['topology']})"
-           if tpu else f"for {result['num_devices']} {result['platform']} "
-           "devices")
-  source = TPU_COMPILER if tpu else CPU_ESTIMATE
+  plural = "s" if result["num_devices"] > 1 else ""
+  where = (f"by the {source} for {result['num_devices']} "
+           f"{result['device_kind']} {unit_name}{plural} (topology "
+           f"{result['topology']})" if accelerator else
+           f"for {result['num_devices']} {result['platform']} devices")
   lines = [
       f"Train step ({result['target']}) compiled ahead of time {where}, "
       f"mesh {mesh}.",
@@ -117,8 +126,9 @@ def format_report(config, result: dict[str, Any],
       f"shard, {acc} micro-batch{'es' if acc > 1 else ''} of "
       f"{per_device // acc}; seq {config.data.max_seq_length}; optimizer "
       f"{config.optimizer.name}",
-      f"Per {'chip' if tpu else 'device'} ({unit}), "
-      f"{'the TPU compiler' if tpu else 'XLA:CPU'}'s memory analysis:",
+      f"Per {unit_name} ({unit}), "
+      f"{('the ' + source) if accelerator else 'XLA:CPU'}'s memory "
+      "analysis:",
       f"  state (params + optimizer)  {gib('state'):9.3f}   params "
       f"{gib('params'):.3f}, optimizer {gib('optimizer'):.3f}  [exact]",
       f"  batch                       {gib('batch'):9.3f}   [exact]",
@@ -128,7 +138,7 @@ def format_report(config, result: dict[str, Any],
       f"  aliased (donated state)     {gib('aliased'):9.3f}",
       f"  temporaries                 {gib('temporaries'):9.3f}   "
       f"activations, gradients, workspace [{source}]",
-      f"  total per {'chip  ' if tpu else 'device'}            "
+      f"  total per {unit_name:6s}            "
       f"{gib('total'):9.3f}   arguments + outputs - aliased + temporaries "
       f"[{source}]",
   ]
@@ -136,10 +146,13 @@ def format_report(config, result: dict[str, Any],
     usable = budget(device_memory_gib, headroom)
     ok = fits(result["total"], device_memory_gib, headroom)
     lines.append(
-        f"  fits {device_memory_gib:.3g} GiB/{'chip' if tpu else 'device'} "
+        f"  fits {device_memory_gib:.3g} GiB/{unit_name} "
         f"with {headroom:.0%} headroom ({usable / GIB:.1f} GiB usable): "
         f"{'yes' if ok else 'NO'} ({result['total'] / usable:.0%} of usable)")
   lines += _program_lines(result)
+  if result.get("traffic") is not None:
+    lines += roofline.format_summary(
+        result["traffic"], f"{result['device_kind']}, per {unit_name}")
   lines.append(f"Lowered in {result['lower_seconds']:.1f} s, compiled in "
                f"{result['compile_seconds']:.1f} s.")
   if result["bf16_as_float16"]:

@@ -22,9 +22,15 @@ fusion counts as one reduce-scatter. Asynchronous forms (XLA's "-start" /
 "-done" pairs, the TPU compiler's "AsyncCollectiveStart" / "Done" fusions)
 count once, at their start, with the bytes of their result.
 
-`matmul_flops` counts the FLOPs of the matmuls and Mosaic kernels in the
-lowered (not yet optimised) HLO, where every matmul is still a `dot`, with
-the same per-iteration counting; it checks `model.flops`' analytic count.
+`matmul_flops` counts the FLOPs of the matmuls, Mosaic kernels and cuDNN
+attention calls in the lowered (not yet optimised) HLO, where every matmul
+is still a `dot`, with the same per-iteration counting; it checks
+`model.flops`' analytic count.
+
+`kernels` lists every kernel a compiled program launches with the HBM bytes
+it reads and writes, its matmul FLOPs and what it is for (its category:
+matmul, attention, LayerNorm, activation, other elementwise, copies and
+stacking, optimizer); `tools.roofline` prices them on a card.
 """
 
 from __future__ import annotations
@@ -216,6 +222,10 @@ def _run_counts(computations, entry) -> tuple[dict[str, int], int]:
           trips = _trip_count(text, computations)
           unknown += trips is None
           factor = trips or 1
+        elif opcode == "while" and kind == "condition":
+          # Checked once more than the body runs (the check that ends it).
+          trips = _trip_count(text, computations)
+          factor = trips + 1 if trips is not None else 1
         for callee in _NAME.findall(names):
           times[callee] += times[caller] * factor
   return times, unknown
@@ -267,6 +277,18 @@ def matmul_flops(hlo: str) -> dict[str, int]:
       elif opcode == "custom-call" and f'"{MOSAIC_TARGET}"' in text:
         declared = _KERNEL_FLOPS.search(text)
         out["kernels"] += runs * int(declared.group(1)) if declared else 0
+      elif opcode == "custom-call" and f'"{_CUDNN_ATTENTION}' in text:
+        # cuDNN declares nothing: the convention, 2.5x the forward's
+        # backward (what `kernels` prices it by).
+        op_name = _OP_NAME.search(text)
+        target = _TARGET.search(text).group(1)
+        operand_types = [types.get(o, "") for o in _operands(text, opcode)]
+        found = _attention(text, target, op_name.group(1) if op_name else "",
+                           operand_types, type_text)
+        if found:
+          out["kernels"] += runs * (found.forward_flops * 5 // 2
+                                    if found.direction == "bwd"
+                                    else found.forward_flops)
   return out
 
 
@@ -288,6 +310,12 @@ def analyse(hlo: str) -> Stats:
       if opcode == "custom-call" and f'"{MOSAIC_TARGET}"' in text:
         kernels[kernel_name(inst)] += runs
         continue
+      if opcode == "custom-call" and f'"{_MOSAIC_GPU}' in text:
+        # A Mosaic GPU call is named by its mapping ("mpmd_map"), not its
+        # kernel: say which pass it is.
+        backward = "transpose(" in (_OP_NAME.search(text) or [""])[0]
+        kernels[f"mosaic_gpu {'bwd' if backward else 'fwd'}"] += runs
+        continue
       if opcode == "fusion" and re.search(
           f"calls=%?{_FUSED_REDUCE_SCATTER}", text):
         op, size = "reduce-scatter", array_bytes(type_text)
@@ -305,3 +333,341 @@ def analyse(hlo: str) -> Stats:
       ops[op]["count"] += runs
       ops[op]["bytes"] += runs * size
   return Stats(dict(sorted(kernels.items())), ops, unknown)
+
+
+################################################################################
+# Kernels and their memory traffic.
+################################################################################
+
+# Instructions that launch no kernel of their own: data movement by aliasing
+# (bitcast, tuples), control flow (its bodies' kernels are counted), markers.
+_FREE_OPS = frozenset((
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+    "while", "conditional", "call", "after-all", "add-dependency",
+    "opt-barrier", "optimization-barrier", "partition-id", "replica-id",
+    "domain", "get-dimension-size", "copy-done", "send-done", "recv-done",
+    "all-gather-done", "all-reduce-done", "collective-permute-done",
+    "async-done", "async-update"))
+# Callee kinds whose computations launch kernels (a fusion's or a reducer's
+# computation runs inside its caller's kernel).
+_CONTROL_CALLEES = frozenset(("body", "condition", "branch_computations"))
+_GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__triton_gemm")
+_CUDNN_ATTENTION = "__cudnn$fmha"
+_MOSAIC_GPU = "mosaic_gpu"
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_PARAM_INDEX = re.compile(r"parameter\((\d+)\)")
+_INTERMEDIATE = re.compile(
+    r'"intermediate_tensor_shape":\s*\{[^}]*?"dimensions":\s*\[([^\]]*)\]')
+_MASK_TYPE = re.compile(r'"mask_type":\s*"(\w+)"')
+_DOT_DIMS = re.compile(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]')
+# Ops that only move, slice, fill or stack data.
+_MOVE_OPS = frozenset((
+    "copy", "dynamic-slice", "dynamic-update-slice", "slice", "broadcast",
+    "concatenate", "pad", "transpose", "reshape", "iota", "constant",
+    "parameter", "bitcast", "tuple", "get-tuple-element", "copy-start",
+    "reverse"))
+
+# Kernel categories, in the order a report lists them.
+MATMUL = "matmul"
+ATTENTION = "attention"
+LAYER_NORM = "LayerNorm"
+ACTIVATION = "activation (GELU)"
+ELEMENTWISE = "other elementwise and reductions"
+COPIES = "copies, slices, fills, stacking"
+OPTIMIZER = "optimizer, guard, metrics"
+COLLECTIVE = "collectives"
+CATEGORIES = (MATMUL, ATTENTION, LAYER_NORM, ACTIVATION, ELEMENTWISE, COPIES,
+              OPTIMIZER, COLLECTIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+  """What an attention kernel computes, for pricing it.
+
+  Attributes:
+    impl: "cudnn" (cuDNN's fused attention), "pallas" (a Mosaic GPU or TPU
+      kernel).
+    direction: "fwd" or "bwd".
+    seq: query length T.
+    mask: "none" (every key), "padding" (sequence lengths), "bias" (a dense
+      [B, 1, T, S] bias made from a mask), "segments" (segment ids), or
+      "causal".
+    forward_flops: 4·B·N·T·S·D of the forward pass whose part this kernel
+      is (a backward kernel's share of 2.5x that is `flops`).
+  """
+  impl: str
+  direction: str
+  seq: int
+  mask: str
+  forward_flops: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One kernel launch site of a compiled program.
+
+  Attributes:
+    name: the HLO instruction.
+    runs: executions per step (loop iterations multiplied in).
+    opcode: "fusion", "custom-call", "copy", ...
+    bytes: HBM bytes one execution reads and writes: its operands and
+      results, except that an operand read only through a (dynamic) slice
+      counts at the slice's size and an in-place dynamic-update-slice counts
+      the update, not the buffer it updates.
+    flops: matmul FLOPs of one execution (GEMMs; attention by the usual
+      convention, 4·B·N·T·S·D forward and 2.5x that backward).
+    category: one of `CATEGORIES`.
+    op_name: the JAX name stack of its instruction ("" if none).
+    attention: set for attention kernels.
+  """
+  name: str
+  runs: int
+  opcode: str
+  bytes: int
+  flops: int
+  category: str
+  op_name: str
+  attention: Attention | None = None
+
+
+def _operands(text: str, opcode: str) -> list[str]:
+  """Operand names of an instruction line (the `%names` of its argument
+  list)."""
+  args = text.split(f" {opcode}(", 1)
+  if len(args) < 2:
+    return []
+  depth, end = 1, len(args[1])
+  for i, ch in enumerate(args[1]):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if depth == 0:
+      end = i
+      break
+  names, depth, start, text = [], 0, 0, args[1][:end] + ","
+  for i, ch in enumerate(text):
+    depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+    if ch == "," and depth == 0:
+      # "%name", "name" or "type %name", after any /*index=N*/ comment.
+      token = text[start:i].split("*/")[-1].split()
+      if token:
+        names.append(token[-1].lstrip("%"))
+      start = i + 1
+  return names
+
+
+def _callees(text: str, kinds) -> list[str]:
+  return [n for kind, names in _CALLEE.findall(text) if kind in kinds
+          for n in _NAME.findall(names)]
+
+
+def _control_computations(computations, entry) -> set[str]:
+  """The computations whose instructions launch kernels: the entry and,
+  recursively, loop bodies and conditions, conditional branches and called
+  computations."""
+  found, stack = {entry}, [entry]
+  while stack:
+    for _, _, opcode, text in computations.get(stack.pop(), []):
+      kinds = set(_CONTROL_CALLEES) | ({"to_apply", "calls"}
+                                       if opcode == "call" else set())
+      for callee in _callees(text, kinds):
+        if callee not in found:
+          found.add(callee)
+          stack.append(callee)
+  return found
+
+
+def _fusion_traffic(body, result_type: str, operand_types: list[str]) -> int:
+  """HBM bytes of one run of a fusion whose computation is `body`."""
+  types = {name: t for name, t, _, _ in body}
+  users = collections.defaultdict(list)
+  params, root = {}, None
+  for name, _, opcode, text in body:
+    if opcode == "parameter":
+      index = _PARAM_INDEX.search(text)
+      params[int(index.group(1))] = name
+    for i, operand in enumerate(_operands(text, opcode)):
+      users[operand].append((name, opcode, i))
+    if text.lstrip().startswith("ROOT"):
+      root = (name, opcode, text)
+
+  def read_bytes(name: str, size: int) -> int:
+    """What the fusion reads of `name`: whole, or only slices of it."""
+    total = 0
+    for user, opcode, index in users.get(name, []):
+      if opcode == "bitcast":
+        total += read_bytes(user, size)
+      elif opcode in ("dynamic-slice", "slice") and index == 0:
+        total += array_bytes(types[user])
+      elif opcode == "dynamic-update-slice" and index == 0:
+        continue  # updated in place: the buffer is not read
+      else:
+        return size
+    return min(total, size)
+
+  in_place = set()
+  written = 0
+  roots = [root] if root and root[1] != "tuple" else [
+      (n, op, t) for n, _, op, t in body
+      if root and n in _operands(root[2], "tuple")]
+  for name, opcode, text in roots:
+    if opcode == "dynamic-update-slice":
+      buffer, update = _operands(text, opcode)[:2]
+      in_place.add(buffer)
+      written += array_bytes(types[update])
+    else:
+      written += array_bytes(types.get(name, ""))
+  if not roots:
+    written = array_bytes(result_type)
+  read = 0
+  for index, type_text in enumerate(operand_types):
+    name = params.get(index)
+    size = array_bytes(type_text)
+    read += size if name is None else read_bytes(name, size)
+  return read + written
+
+
+def _dot_flops_in(body) -> int:
+  """Matmul FLOPs of the dots and convolutions in a fused computation."""
+  types = {name: t for name, t, _, _ in body}
+  return sum(_dot_flops(text, t, types) for _, t, op, text in body
+             if op == "dot")
+
+
+def _gemm_call_flops(text: str, result_type: str,
+                     operand_types: list[str]) -> int:
+  """FLOPs of a cuBLAS GEMM custom call: 2 × outputs × contracted size."""
+  lhs = _dims(operand_types[0]) if operand_types else []
+  dims = _DOT_DIMS.search(text)
+  depth = 1
+  for d in (dims.group(1).replace('"', "").split(",") if dims else []):
+    if d.strip():
+      depth *= lhs[int(d)]
+  out = result_type if not result_type.startswith("(") else (
+      _tuple_elements(result_type)[0])
+  count = 1
+  for d in _dims(out):
+    count *= d
+  return 2 * count * depth
+
+
+def _attention(text: str, target: str, op_name: str,
+               operand_types: list[str], result_type: str
+               ) -> Attention | None:
+  """The `Attention` of a cuDNN or Mosaic attention custom call."""
+  backward = "Backward" in target or "transpose(" in op_name
+  if target.startswith(_CUDNN_ATTENTION):
+    shape = _INTERMEDIATE.search(text)
+    if not shape:
+      return None
+    b, n, t, s = (int(d.strip().strip('"')) for d in shape.group(1).split(","))
+    head_dim = _dims(operand_types[0])[-1]
+    mask = (_MASK_TYPE.search(text).group(1) if _MASK_TYPE.search(text)
+            else "NO_MASK")
+    kind = {"NO_MASK": "none", "PADDING": "padding", "CAUSAL": "causal",
+            "PADDING_CAUSAL": "causal"}.get(mask, mask.lower())
+    if "Bias" in target and kind == "none":
+      kind = "bias"
+    return Attention("cudnn", "bwd" if backward else "fwd", t, kind,
+                     4 * b * n * t * s * head_dim)
+  if target.startswith(_MOSAIC_GPU) or target == MOSAIC_TARGET:
+    if "Attention" not in op_name and "attention" not in op_name:
+      return None
+    # The flash kernels take q, k, v as [B, T, N, D], then segment ids.
+    b, t, n, d = (_dims(operand_types[0]) + [1, 1, 1, 1])[:4]
+    has_ids = any(x.startswith("s32[") and len(_dims(x)) == 2
+                  for x in operand_types)
+    return Attention("pallas", "bwd" if backward else "fwd", t,
+                     "segments" if has_ids else "none", 4 * b * n * t * t * d)
+  return None
+
+
+def _category(opcode: str, op_name: str, result_type: str, body,
+              training: bool) -> str:
+  """Which of `CATEGORIES` a kernel that is neither a GEMM nor attention
+  falls in, from the ops it runs on arrays (scalar index arithmetic left
+  out) and their JAX name stacks: only moves → copies; in a `training`
+  program, outside the forward and backward passes (no "jvp(" in any name
+  stack) → optimizer; else LayerNorm or activation when any of its ops is
+  one (a fusion of the activation's backward with a bias gradient is the
+  activation's), else elementwise."""
+  if opcode.removesuffix("-start") in COLLECTIVES:
+    return COLLECTIVE
+  work = [(op, text) for _, t, op, text in body
+          if _dims(t) and op not in ("parameter", "constant")] if body else [
+              (opcode, f'op_name="{op_name}"' if op_name else "")]
+  if not body and not _dims(result_type):
+    work = []
+  if all(op in _MOVE_OPS for op, _ in work):
+    return COPIES
+  names = [m.group(1) for _, text in work for m in [_OP_NAME.search(text)]
+           if m]
+  if training and names and not any("jvp(" in n for n in names):
+    return OPTIMIZER
+  if any("layer_norm" in n for n in names):
+    return LAYER_NORM
+  if any("/activation/" in n for n in names):
+    return ACTIVATION
+  return ELEMENTWISE
+
+
+def kernels(hlo: str) -> list[Kernel]:
+  """Every kernel launch site of optimised HLO text, with its bytes, FLOPs,
+  category and executions per step (see `Kernel`).
+
+  A kernel is a top-level instruction of the entry computation or of a
+  loop's body or condition that is not free (`_FREE_OPS`): a fusion, a
+  custom call, a copy, an unfused op. Meant for GPU programs, where each is
+  a launch; on TPU the same accounting gives the program's HBM traffic.
+  """
+  computations, entry = _parse(hlo)
+  if entry is None:
+    raise ValueError("No ENTRY computation in the HLO text; pass "
+                     "compiled.as_text() of a compiled step.")
+  times, _ = _run_counts(computations, entry)
+  training = "jvp(" in hlo  # a train step: autodiff's passes are named
+  found = []
+  for computation in sorted(_control_computations(computations, entry)):
+    runs = times.get(computation, 0)
+    insts = computations.get(computation, [])
+    types = {name: t for name, t, _, _ in insts}
+    for name, result_type, opcode, text in insts:
+      if not runs or opcode in _FREE_OPS or opcode.endswith("-done"):
+        continue
+      operand_types = [types.get(o, "") for o in _operands(text, opcode)]
+      op_name = _OP_NAME.search(text)
+      op_name = op_name.group(1) if op_name else ""
+      target = _TARGET.search(text)
+      target = target.group(1) if target else ""
+      body = []
+      if opcode == "fusion":
+        called = _callees(text, ("calls",))
+        body = computations.get(called[0], []) if called else []
+        size = _fusion_traffic(body, result_type, operand_types)
+      else:
+        size = array_bytes(result_type) + sum(
+            array_bytes(t) for t in operand_types)
+        if opcode == "dynamic-update-slice":
+          size = 2 * array_bytes(operand_types[1])
+        elif opcode in ("dynamic-slice", "slice"):
+          size = 2 * array_bytes(result_type)
+      flops, attention, category = 0, None, None
+      if opcode == "fusion" and any(op == "dot" for _, _, op, _ in body):
+        flops, category = _dot_flops_in(body), MATMUL
+      elif opcode == "dot":
+        flops, category = _dot_flops(text, result_type, types), MATMUL
+      elif opcode == "custom-call" and target in _GEMM_TARGETS:
+        flops = _gemm_call_flops(text, result_type, operand_types)
+        category = MATMUL
+      elif opcode == "custom-call":
+        attention = _attention(text, target, op_name, operand_types,
+                               result_type)
+        if attention:
+          category = ATTENTION
+          flops = attention.forward_flops
+          if attention.direction == "bwd":
+            flops = flops * 5 // 2
+      if category is None:
+        category = _category(opcode, op_name, result_type, body, training)
+      found.append(Kernel(name, runs, opcode, size, flops, category, op_name,
+                          attention))
+  return found

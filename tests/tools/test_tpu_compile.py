@@ -76,7 +76,7 @@ def test_topology_arguments():
   assert str(e.value) == (
       "--topology='v5e-256' is not a TPU topology name; use "
       "GENERATION:SHAPE, chips per axis, e.g. v5e:4x4, v5e:16x16, v4:2x4x4, "
-      "v5p:4x4x4, v6e:16x16.")
+      "v5p:4x4x4, v6e:16x16, h100, h100:8, h200.")
 
 
 @needs_libtpu
@@ -255,7 +255,7 @@ def test_cli_tpu_and_cpu_agree_on_the_state():
                    r"12, albert_flash_bwd_dq 12, albert_flash_fwd 12\)$",
                    tpu_out, re.M)
   assert re.search(r"^    matmuls [0-9.e+]+ \(1\.000x analytic without "
-                   r"attention\), Mosaic kernels [0-9.e+]+ \(1\.500x "
+                   r"attention\), attention kernels [0-9.e+]+ \(1\.500x "
                    r"analytic attention\)$", tpu_out, re.M)
   assert "temporaries [XLA:CPU estimate]" in cpu_out
   for key in ("state", "params", "optimizer", "batch"):
