@@ -305,7 +305,8 @@ def analyse(config, *, fast: bool = True,
       built.target.attention_flops_per_step / built.mesh.size)
   # The lowered program's dots have global shapes; its kernels, run per
   # shard, their own.
-  counted = hlo_stats.matmul_flops(built.lowered.as_text(dialect="hlo"))
+  lowered_hlo = built.lowered.as_text(dialect="hlo")
+  counted = hlo_stats.matmul_flops(lowered_hlo)
   result["flops_hlo_matmuls"] = counted["dots"] / built.mesh.size
   result["flops_hlo_kernels"] = counted["kernels"]
   result["flops_compiler"] = compiler_flops(built.compiled)

@@ -476,54 +476,63 @@ def _control_computations(computations, entry) -> set[str]:
   return found
 
 
-def _fusion_traffic(body, result_type: str, operand_types: list[str]) -> int:
-  """HBM bytes of one run of a fusion whose computation is `body`."""
+def _read_bytes(computations, body, param_index: int, size: int) -> int:
+  """What a fused computation reads of its parameter `param_index` (of
+  `size` bytes): all of it, or only the (dynamic) slices taken of it,
+  through bitcasts and nested fusions (the TPU compiler nests them); none
+  of a buffer it updates in place."""
   types = {name: t for name, t, _, _ in body}
   users = collections.defaultdict(list)
-  params, root = {}, None
+  param = None
   for name, _, opcode, text in body:
-    if opcode == "parameter":
-      index = _PARAM_INDEX.search(text)
-      params[int(index.group(1))] = name
+    if opcode == "parameter" and int(_PARAM_INDEX.search(text).group(1)) == (
+        param_index):
+      param = name
     for i, operand in enumerate(_operands(text, opcode)):
-      users[operand].append((name, opcode, i))
-    if text.lstrip().startswith("ROOT"):
-      root = (name, opcode, text)
+      users[operand].append((name, opcode, i, text))
 
-  def read_bytes(name: str, size: int) -> int:
-    """What the fusion reads of `name`: whole, or only slices of it."""
+  def read(name: str) -> int:
     total = 0
-    for user, opcode, index in users.get(name, []):
+    for user, opcode, index, text in users.get(name, []):
       if opcode == "bitcast":
-        total += read_bytes(user, size)
+        total += read(user)
       elif opcode in ("dynamic-slice", "slice") and index == 0:
         total += array_bytes(types[user])
       elif opcode == "dynamic-update-slice" and index == 0:
         continue  # updated in place: the buffer is not read
+      elif opcode == "fusion" and _callees(text, ("calls",)):
+        nested = computations.get(_callees(text, ("calls",))[0], [])
+        total += _read_bytes(computations, nested, index, size)
       else:
         return size
-    return min(total, size)
+    return total
 
-  in_place = set()
-  written = 0
+  return size if param is None else min(read(param), size)
+
+
+def _fusion_traffic(computations, body, result_type: str,
+                    operand_types: list[str]) -> int:
+  """HBM bytes of one run of a fusion whose computation is `body`: what
+  it reads of each operand (`_read_bytes`) and what it writes (an in-place
+  update's update, else its results)."""
+  types = {name: t for name, t, _, _ in body}
+  root = next(((n, op, t) for n, _, op, t in body
+               if t.lstrip().startswith("ROOT")), None)
   roots = [root] if root and root[1] != "tuple" else [
       (n, op, t) for n, _, op, t in body
       if root and n in _operands(root[2], "tuple")]
+  written = 0
   for name, opcode, text in roots:
     if opcode == "dynamic-update-slice":
-      buffer, update = _operands(text, opcode)[:2]
-      in_place.add(buffer)
+      update = _operands(text, opcode)[1]
       written += array_bytes(types[update])
     else:
       written += array_bytes(types.get(name, ""))
   if not roots:
     written = array_bytes(result_type)
-  read = 0
-  for index, type_text in enumerate(operand_types):
-    name = params.get(index)
-    size = array_bytes(type_text)
-    read += size if name is None else read_bytes(name, size)
-  return read + written
+  return written + sum(
+      _read_bytes(computations, body, index, array_bytes(type_text))
+      for index, type_text in enumerate(operand_types))
 
 
 def _dot_flops_in(body) -> int:
@@ -617,7 +626,10 @@ def kernels(hlo: str) -> list[Kernel]:
   A kernel is a top-level instruction of the entry computation or of a
   loop's body or condition that is not free (`_FREE_OPS`): a fusion, a
   custom call, a copy, an unfused op. Meant for GPU programs, where each is
-  a launch; on TPU the same accounting gives the program's HBM traffic.
+  a launch; on TPU the same accounting gives the program's HBM traffic
+  (its matmuls are convolutions, in the matmul category with their FLOPs
+  not counted: the TPU compiler writes batched matmuls as padded windowed
+  convolutions whose FLOPs are not those of the matmul they compute).
   """
   computations, entry = _parse(hlo)
   if entry is None:
@@ -642,7 +654,8 @@ def kernels(hlo: str) -> list[Kernel]:
       if opcode == "fusion":
         called = _callees(text, ("calls",))
         body = computations.get(called[0], []) if called else []
-        size = _fusion_traffic(body, result_type, operand_types)
+        size = _fusion_traffic(computations, body, result_type,
+                                operand_types)
       else:
         size = array_bytes(result_type) + sum(
             array_bytes(t) for t in operand_types)
@@ -651,8 +664,12 @@ def kernels(hlo: str) -> list[Kernel]:
         elif opcode in ("dynamic-slice", "slice"):
           size = 2 * array_bytes(result_type)
       flops, attention, category = 0, None, None
+      convolutions = [t for _, _, op, t in body or [(0, 0, opcode, text)]
+                       if op == "convolution"]
       if opcode == "fusion" and any(op == "dot" for _, _, op, _ in body):
         flops, category = _dot_flops_in(body), MATMUL
+      elif convolutions:
+        category = MATMUL
       elif opcode == "dot":
         flops, category = _dot_flops(text, result_type, types), MATMUL
       elif opcode == "custom-call" and target in _GEMM_TARGETS:

@@ -21,11 +21,11 @@ ones that, over this accounting of the step as it was compiled on
 ALBERT-base at seq 128 and batch 128 at 40.1 against 38.9 ms (both bf16,
 AdamW, one H100 SXM 80GB, `experiments/benchmarks/train_step.py`; the
 deviceless compile's temporaries were within 2% of the card's): it errs
-3-5% slow on that step. The GEMM
-rate is not seen in a deviceless compile (autotuning needs the card), so
-GEMMs are priced at one sustained rate whatever their shape. A TPU step is
-priced the same way at the chip's datasheet rates, uncalibrated: there is
-no TPU measurement to hold it against.
+3-5% slow on that step. The GEMM rate is not seen in a deviceless compile
+(autotuning needs the card), so GEMMs are priced at one sustained rate
+whatever their shape. A TPU step gets the kernel table without times: no
+TPU step has been measured to calibrate against, and the TPU compiler's
+matmuls are convolutions whose FLOPs are not read here.
 """
 
 from __future__ import annotations
@@ -79,16 +79,6 @@ CARDS = {
     "NVIDIA H200": Card(989e12, 720e12, 4.8e12 * 3.1 / 3.35, 1e-6, True,
                         "the H100's calibration with the H200's bandwidth "
                         "(not measured on an H200)"),
-    # Datasheet rates, uncalibrated.
-    "TPU v5 lite": Card(197e12, 197e12 * 0.8, 819e9 * 0.9, 0.0, False,
-                        "datasheet rates (197 TFLOP/s bf16, 819 GB/s) at "
-                        "80% / 90%: uncalibrated, no TPU measurement"),
-    "TPU v4": Card(275e12, 275e12 * 0.8, 1.2e12 * 0.9, 0.0, False,
-                   "datasheet rates at 80% / 90%: uncalibrated"),
-    "TPU v5": Card(459e12, 459e12 * 0.8, 2.765e12 * 0.9, 0.0, False,
-                   "datasheet rates at 80% / 90%: uncalibrated"),
-    "TPU v6 lite": Card(918e12, 918e12 * 0.8, 1.64e12 * 0.9, 0.0, False,
-                        "datasheet rates at 80% / 90%: uncalibrated"),
 }
 _MASKS = {"none": "none", "padding": "none", "causal": "none",
           "bias": "padded", "segments": "padded"}
@@ -126,6 +116,7 @@ class Summary:
     mfu: analytic FLOPs / (ms × peak), or None without FLOPs.
     top: the costliest kernels as (name, category, ms per step, runs).
     calibration: the card's calibration line.
+    priced: whether times were modelled (a device with a `Card`).
   """
   categories: dict[str, dict[str, float]]
   kernels: int
@@ -134,6 +125,7 @@ class Summary:
   mfu: float | None
   top: list[tuple[str, str, float, int]]
   calibration: str
+  priced: bool = True
 
 
 def summarize(kernels: Iterable[hlo_stats.Kernel], on: Card | None,
@@ -161,23 +153,29 @@ def summarize(kernels: Iterable[hlo_stats.Kernel], on: Card | None,
                  sum(r["bytes"] for r in rows.values()), total_ms, mfu,
                  costly[:top],
                  on.calibration if on else "no rates for this device: "
-                 "bytes and launches only")
+                 "bytes and launches only", on is not None)
 
 
 def format_summary(summary: Summary, where: str) -> list[str]:
   """The report's lines: a table by category, totals, the costliest
-  kernels."""
-  lines = [f"Kernels, HBM traffic and modelled time per step ({where}; "
-           f"{summary.calibration}):",
-           f"  {'category':34s} {'kernels':>8s} {'GB':>9s} {'ms':>8s}"]
+  kernels (by modelled time, or by bytes where times are not modelled)."""
+  timed = summary.priced
+  lines = [f"Kernels, HBM traffic{' and modelled time' if timed else ''} "
+           f"per step ({where}; {summary.calibration}):",
+           f"  {'category':34s} {'kernels':>8s} {'GB':>9s}"
+           + (f" {'ms':>8s}" if timed else "")]
   for name, row in summary.categories.items():
     lines.append(f"  {name:34s} {int(row['kernels']):8d} "
-                 f"{row['bytes'] / 1e9:9.2f} {row['ms']:8.2f}")
-  mfu = f", MFU {summary.mfu:.1%}" if summary.mfu is not None else ""
-  lines.append(f"  {'total':34s} {summary.kernels:8d} "
-               f"{summary.bytes / 1e9:9.2f} {summary.ms:8.2f}"
-               f"   modelled step {summary.ms:.1f} ms{mfu}")
-  lines.append("  costliest kernels (ms per step, launches): " + "; ".join(
-      f"{name} [{category}] {ms:.2f} ({runs})"
-      for name, category, ms, runs in summary.top))
+                 f"{row['bytes'] / 1e9:9.2f}"
+                 + (f" {row['ms']:8.2f}" if timed else ""))
+  total = (f"  {'total':34s} {summary.kernels:8d} "
+           f"{summary.bytes / 1e9:9.2f}")
+  if timed:
+    mfu = f", MFU {summary.mfu:.1%}" if summary.mfu is not None else ""
+    total += f" {summary.ms:8.2f}   modelled step {summary.ms:.1f} ms{mfu}"
+  lines.append(total)
+  if timed:
+    lines.append("  costliest kernels (ms per step, launches): " + "; ".join(
+        f"{name} [{category}] {ms:.2f} ({runs})"
+        for name, category, ms, runs in summary.top))
   return lines

@@ -193,6 +193,42 @@ def test_kernel_categories():
   assert _by_name(forward_only)["update"].category == hlo_stats.ELEMENTWISE
 
 
+# The TPU compiler nests fusions: the stack is sliced in the inner one.
+NESTED = """\
+HloModule jit_step
+
+%inner (param_0: bf16[12,64,128], param_1: s32[]) -> bf16[64,128] {
+  %param_0 = bf16[12,64,128]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %slice = bf16[1,64,128]{2,1,0} dynamic-slice(%param_0, %param_1, %zero, %zero), dynamic_slice_sizes={1,64,128}
+  ROOT %bitcast.1 = bf16[64,128]{1,0} bitcast(%slice)
+}
+
+%outer (param_0: bf16[12,64,128], param_1: s32[], param_2: bf16[128,32]) -> bf16[64,32] {
+  %param_0 = bf16[12,64,128]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %param_2 = bf16[128,32]{1,0} parameter(2)
+  %sliced = bf16[64,128]{1,0} fusion(%param_0, %param_1), kind=kLoop, calls=%inner
+  ROOT %convolution.1 = bf16[64,32]{1,0} convolution(%sliced, %param_2), dim_labels=bf_io->bf, metadata={op_name="jit(step)/transpose(jvp(Albert))/ffn/dot_general"}
+}
+
+ENTRY %main (stack: bf16[12,64,128], i: s32[], w: bf16[128,32]) -> bf16[64,32] {
+  %stack = bf16[12,64,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %w = bf16[128,32]{1,0} parameter(2)
+  ROOT %conv_fusion = bf16[64,32]{1,0} fusion(%stack, %i, %w), kind=kOutput, calls=%outer
+}
+"""
+
+
+def test_nested_fusions_read_slices_and_convolutions_are_matmuls():
+  kernel, = hlo_stats.kernels(NESTED)
+  assert kernel.bytes == 64 * 128 * 2 + 4 + 128 * 32 * 2 + 64 * 32 * 2
+  assert kernel.category == hlo_stats.MATMUL
+  assert kernel.flops == 0  # not read off a convolution
+
+
 def test_hopper_rates_table_interpolation_and_derived_rates():
   assert hopper_rates.rate("cudnn", "none", "fwd+bwd", 512) == 138.7
   assert hopper_rates.rate("pallas", "padded", "fwd+bwd", 128) == 41.3
