@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 SHARE_MODES = ("all", "attention", "ffn", "none")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+LAYER_LOOPS = ("auto", "scan", "unroll")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
            "float16": jnp.float16}
 
@@ -41,6 +42,13 @@ class ModelConfig:
     pad_token_id: the padding token, used by `position_ids_from_padding`.
     dtype: compute dtype; parameters stay in `param_dtype`.
     remat: rematerialisation policy of each layer in the scan.
+    layer_loop: how the encoder walks its layers: "scan" (one `nn.scan`:
+      compile time flat in depth), "unroll" (the same scan unrolled: each
+      layer's activations are its own buffers rather than slices of
+      stacked [layers, ...] arrays, which on GPU the scan zero-fills,
+      copies into and copies out of), or "auto": unrolled on GPU and TPU,
+      scanned on CPU (`encoder.unrolls_layers`). Same parameters and values
+      either way.
     causal: left-to-right attention (GPT-1): a token attends only to itself
       and earlier tokens of its segment, and the pooler reads the last
       non-padding token instead of position 0.
@@ -71,6 +79,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   attention_impl: str = "auto"
   remat: str = "none"
+  layer_loop: str = "auto"
   causal: bool = False
 
   def __post_init__(self):
@@ -121,6 +130,9 @@ class ModelConfig:
       fail(f"model.causal must be true or false, got {self.causal!r}.")
     if self.remat not in REMAT_POLICIES:
       fail(f"model.remat={self.remat!r}; choose one of {REMAT_POLICIES}.")
+    if self.layer_loop not in LAYER_LOOPS:
+      fail(f"model.layer_loop={self.layer_loop!r}; choose one of "
+           f"{LAYER_LOOPS}.")
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob",
                  "classifier_dropout_prob"):
       if not 0.0 <= getattr(self, name) < 1.0:

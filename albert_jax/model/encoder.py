@@ -6,8 +6,9 @@ each with a leading `layers` axis holding as many copies as the sharing
 strategy stores (1 for ALBERT, L for BERT). A single `nn.scan` walks the
 applied blocks: an unshared stack is scanned over (slice i for block i), a
 shared stack is broadcast to every iteration and indexed by the official
-group mapping. Depth therefore never unrolls into the graph, and BERT is
-`share="none"` of the same code.
+group mapping. BERT is `share="none"` of the same code. The scan is a loop on
+CPU (compile time flat in depth) and unrolled on GPU and TPU, where a loop's
+stacked activations cost HBM traffic (`unrolls_layers`).
 
 Shapes: B batch, T sequence, H hidden, E embedding.
 """
@@ -109,8 +110,14 @@ class AttentionBlock(nn.Module):
 
 
 class FFNBlock(nn.Module):
-  """dense → activation → dense → dropout → residual + LayerNorm."""
+  """dense → activation → dense → dropout → residual + LayerNorm.
+
+  Attributes:
+    unrolled: the block is one of several unrolled layers in one program
+      (`Encoder`), not the body of a loop.
+  """
   config: ModelConfig
+  unrolled: bool = False
   # Whether the backward pass recomputes the activation (see `__call__`).
   # False only to measure the difference (experiments/benchmarks/
   # step_fixes.py sets it on the class while a step is traced).
@@ -138,10 +145,15 @@ class FFNBlock(nn.Module):
     # so that only its input is kept, not also its output, which the output
     # matmul's weight gradient would otherwise hold: one [B, T, F] array per
     # layer instead of two. The matmul itself is not redone (its result is
-    # not needed backwards).
+    # not needed backwards). Inside a loop body XLA cannot merge the
+    # backward's recomputation with the forward's (they run in different
+    # loops), so the CSE barrier is not needed; unrolled, without it XLA
+    # merges them and keeps the activation's output after all (ALBERT-large
+    # at seq 512, batch 32 on an H100: 16.0 GiB of temporaries instead of
+    # 10.1).
     if self.recompute_activation:
-      y = nn.checkpoint(lambda module, h: module(act(h)), prevent_cse=False)(
-          output, y)
+      y = nn.checkpoint(lambda module, h: module(act(h)),
+                        prevent_cse=self.unrolled)(output, y)
     else:
       y = output(act(y))
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
@@ -170,6 +182,7 @@ def _stack_init(block: nn.Module, copies: int, hidden_size: int):
 class _Step(nn.Module):
   """One applied block (attention then FFN) with its parameters handed in."""
   config: ModelConfig
+  unrolled: bool = False
 
   @nn.compact
   def __call__(self, h, xs, shared, segment_ids, deterministic):
@@ -196,7 +209,7 @@ class _Step(nn.Module):
         {"params": params["attention"]}, h, segment_ids, deterministic,
         rngs=rngs)
     rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
-    h = FFNBlock(cfg, parent=None).apply(
+    h = FFNBlock(cfg, self.unrolled, parent=None).apply(
         {"params": params["ffn"]}, h, deterministic, rngs=rngs)
     return h, None
 
@@ -208,13 +221,29 @@ _REMAT = {
 }
 
 
+def unrolls_layers(cfg: ModelConfig) -> bool:
+  """Whether the encoder unrolls its layer scan (`ModelConfig.layer_loop`;
+  "auto" unrolls on GPU and TPU and keeps the loop on CPU).
+
+  In a loop, every activation the backward pass needs is a slice of a
+  stacked [layers, ...] array, which XLA zero-fills, copies each layer's
+  result into and copies back out of; unrolled, each is its own buffer.
+  Compiled for one H100 (ALBERT-large, seq 512, batch 32, bf16) that is
+  183 → 139 GB of HBM traffic and 12.0 → 10.1 GiB of temporaries per
+  step, for one v5e chip 210 → 124 GB and 15.2 → 14.2 GiB (BENCHMARKS.md,
+  "The layer loop"); compile time then grows with depth (26 s against 14 s
+  for 24 layers on an H100 target). On CPU the loop keeps compile time flat
+  in depth, which tests and CPU runs need more.
+  """
+  if cfg.layer_loop == "auto":
+    return layers.compile_platform() in ("gpu", "tpu")
+  return cfg.layer_loop == "unroll"
+
+
 class Encoder(nn.Module):
-  """Optional E→H projection, then `num_steps` post-LN blocks in one scan."""
+  """Optional E→H projection, then `num_steps` post-LN blocks in one scan
+  (unrolled or not: `unrolls_layers`)."""
   config: ModelConfig
-  # `nn.scan`'s `unroll` (1: a loop; True: fully unrolled). Changed only to
-  # measure compile and step times (experiments/benchmarks/step_fixes.py
-  # sets it on the class while a step is traced).
-  scan_unroll: ClassVar[int | bool] = 1
 
   @nn.compact
   def __call__(self, x, segment_ids, deterministic):
@@ -238,6 +267,7 @@ class Encoder(nn.Module):
     scanned = {k: v for k, v in stacks.items() if not cfg.is_shared(k)}
     copy_index = {k: jnp.asarray(np.asarray(cfg.copy_index(k), np.int32))
                   for k in shared}
+    unroll = unrolls_layers(cfg)
     step = _Step
     if cfg.remat != "none":
       step = nn.remat(step, policy=_REMAT[cfg.remat], prevent_cse=False,
@@ -245,8 +275,8 @@ class Encoder(nn.Module):
     scan = nn.scan(step, variable_broadcast=False,
                    split_rngs={"dropout": True},
                    in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-                   length=cfg.num_steps, unroll=self.scan_unroll)
-    x, _ = scan(cfg, name="layers")(x, (scanned, copy_index), shared,
+                   length=cfg.num_steps, unroll=True if unroll else 1)
+    x, _ = scan(cfg, unroll, name="layers")(x, (scanned, copy_index), shared,
                                     segment_ids, deterministic)
     return x
 

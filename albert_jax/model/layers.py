@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax.ops import attention as attention_ops
+
 Dtype = Any
 # Python floats, so that they take the dtype of the array they multiply.
 _HALF_SQRT_2_OVER_PI = 0.5 * math.sqrt(2.0 / math.pi)
@@ -109,20 +111,12 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   return table[name]
 
 
-def _compile_platform() -> str:
-  """The platform that the computation being traced will be compiled for.
-
-  Under a mesh (`jax.set_mesh`, as the trainer jits its steps) that is the
-  mesh's devices' platform, which need not be the default backend (a CPU
-  mesh on a GPU host, or an accelerator topology compiled ahead of time from
-  a CPU host). Without one, jit compiles for its arguments' devices, which a
-  tracer does not expose (`Tracer.devices()` fails); the default backend is
-  what they are unless committed elsewhere. Either way the choice changes
-  only how XLA runs the matmul, never its values.
-  """
-  mesh = jax.sharding.get_abstract_mesh()
-  device = None if mesh.empty else mesh.abstract_device
-  return device.platform if device is not None else jax.default_backend()
+def compile_platform() -> str:
+  """"cpu", "gpu" or "tpu": the platform the computation being traced will
+  be compiled for (`attention.target_platform`: the mesh's devices' under
+  `jax.set_mesh`, else the default backend's). What changes with it is only
+  how XLA runs an op, never its values."""
+  return attention_ops.target_platform()
 
 
 def _as_matrices(x, kernel, contract):
@@ -203,7 +197,7 @@ class Dense(nn.Module):
                                      tuple(self.axes)),
         in_shape + features, self.param_dtype)
     x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
-    if _compile_platform() == "cpu" and x.size and kernel.size:
+    if compile_platform() == "cpu" and x.size and kernel.size:
       # Resolved now, so that the backward pass's dots (traced later, maybe
       # outside a `jax.default_matmul_precision` scope) use the same
       # precision as the forward's, as autodiff of the einsum would.

@@ -46,6 +46,7 @@ MAY_CHANGE = (
     "best_metric", "max_consecutive_nonfinite", "peak_tflops_per_device",
     "fast_compile", "mesh", "sharding_rules", "accumulation_steps",
     "data.num_workers", "data.prefetch", "model.remat", "model.attention_impl",
+    "model.layer_loop",
     "finetune", "take_over_workdir", "num_train_steps",
     # A fine-tuning run's starting weights: read only when it starts fresh.
     "init")

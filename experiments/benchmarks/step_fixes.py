@@ -8,7 +8,7 @@ force while `JaxRunner` lowers the step, and/or ModelConfig overrides;
 `a+b` combines several. A context manager swaps a library function for
 another, or sets one of the encoder's benchmark seams on its class:
 `AttentionBlock.project_qkv` (how Q, K and V are computed from their
-parameters), `FFNBlock.recompute_activation` and `Encoder.scan_unroll`. Nothing
+parameters) and `FFNBlock.recompute_activation`. Nothing
 here changes the library or copies its blocks: a candidate that measures
 well is applied to albert_jax by hand, and then moves from FIXES to UNFIXES.
 """
@@ -44,7 +44,7 @@ def _patched(owner, name, value):
 def plain_dense():
   """`layers.Dense` as the plain einsum whatever the backend: autodiff's
   weight gradient, dot(x, g) contracting B·T, on XLA:CPU's generic dot."""
-  return _patched(layers, "_compile_platform", lambda: "plain")
+  return _patched(layers, "compile_platform", lambda: "plain")
 
 
 @contextlib.contextmanager
@@ -100,11 +100,6 @@ def attention_two_arrays():
 ################################################################################
 
 
-def unroll_scan():
-  """The encoder's `nn.scan` over layers, fully unrolled."""
-  return _patched(encoder.Encoder, "scan_unroll", True)
-
-
 def _fused_qkv(project_qkv):
   """`encoder.AttentionBlock.project_qkv` as one [H, 3H] matmul: the query,
   key and value kernels (and biases) concatenated at trace time. Their
@@ -123,7 +118,7 @@ def _fused_qkv(project_qkv):
     bias = jnp.concatenate([p["bias"].astype(dtype).reshape(-1)
                             for p in params])
     x_in = x.astype(dtype)
-    if layers._compile_platform() == "cpu":  # pylint: disable=protected-access
+    if layers.compile_platform() == "cpu":  # pylint: disable=protected-access
       y = layers._cpu_matmul(  # pylint: disable=protected-access
           x_in, kernel, 1, jax.config.jax_default_matmul_precision)
     else:
@@ -186,13 +181,17 @@ UNFIXES = {
     "attn_rows": ("ops.attention: 1/√d on the logits, jax.nn.softmax, "
                   "padding queries zeroed in the probabilities", {},
                   attention_two_arrays),
+    "layer_scan": ("model.layer_loop='scan': the layer scan as a loop on "
+                   "every platform (auto unrolls it on GPU)",
+                   {"layer_loop": "scan"}, contextlib.nullcontext),
 }
 FIXES = {
     "remat_dots": ("model.remat='dots': keep matmul outputs, recompute the "
                    "elementwise ops", {"remat": "dots"},
                    contextlib.nullcontext),
-    "unroll": ("encoder.Encoder: nn.scan(unroll=True), no stacked residuals",
-               {}, unroll_scan),
+    "unroll": ("model.layer_loop='unroll': nn.scan(unroll=True) on every "
+               "platform, no stacked residuals", {"layer_loop": "unroll"},
+               contextlib.nullcontext),
     "fused_qkv": ("encoder.AttentionBlock: Q, K, V as one [H, 3H] matmul",
                   {}, fused_qkv),
     "dw_swap": ("layers.Dense on CPU: dW = (gᵀ·x)ᵀ for kernels taller than "

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from albert_jax.model import encoder as encoder_lib
 from albert_jax.model import layers
 from albert_jax.model.albert import Albert
 from albert_jax.model.config import ModelConfig
@@ -447,9 +448,10 @@ def test_each_dropout_rate_is_wired(which):
 # ------------------------------------------------------------------- remat
 
 @functools.lru_cache(maxsize=None)
-def _loss_and_grads(remat):
-  cfg = tiny(share="none", num_hidden_layers=2, remat=remat,
-             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+def _loss_and_grads(remat, layer_loop="auto", share="none"):
+  cfg = tiny(share=share, num_hidden_layers=2, remat=remat,
+             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+             layer_loop=layer_loop)
   model = Albert(cfg)
 
   def loss(params):
@@ -469,6 +471,42 @@ def test_remat_policies_give_the_same_loss_and_gradients(remat):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("share", ["all", "none"])
+def test_unrolled_layers_give_the_same_loss_and_gradients(share):
+  """model.layer_loop: the layer scan unrolled computes what the loop does
+  (with dropout, whose per-layer keys the scan splits the same way)."""
+  loss, grads = _loss_and_grads("none", layer_loop="unroll", share=share)
+  ref_loss, ref_grads = _loss_and_grads("none", layer_loop="scan",
+                                        share=share)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("platform, unrolled", [
+    ("cpu", False), ("gpu", True), ("tpu", True)])
+def test_auto_layer_loop_unrolls_on_accelerators(platform, unrolled):
+  cfg = tiny()
+  device = jax.sharding.AbstractDevice("chip", None, platform)
+  mesh = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert encoder_lib.unrolls_layers(cfg) is unrolled
+    assert encoder_lib.unrolls_layers(
+        tiny(layer_loop="scan")) is False
+    assert encoder_lib.unrolls_layers(tiny(layer_loop="unroll")) is True
+  # Unrolled, the FFN's recomputed activation is fenced from CSE (else
+  # XLA merges it with the forward's and keeps the output after all).
+  model = Albert(tiny(layer_loop="unroll"))
+  text = str(jax.make_jaxpr(lambda p: jax.grad(lambda p: jnp.sum(
+      model.apply({"params": p}, **_inputs())["sequence_output"]))(p))(
+          random_params(cfg)))
+  assert "prevent_cse=True" in text
+  scanned = str(jax.make_jaxpr(lambda p: jax.grad(lambda p: jnp.sum(
+      Albert(cfg).apply({"params": p}, **_inputs())["sequence_output"]))(
+          p))(random_params(cfg)))
+  assert "prevent_cse=True" not in scanned and "prevent_cse=False" in scanned
+
+
 # -------------------------------------------------------------- validation
 
 @pytest.mark.parametrize("overrides, match", [
@@ -482,6 +520,7 @@ def test_remat_policies_give_the_same_loss_and_gradients(remat):
     (dict(share="some"), r"model.share='some'"),
     (dict(num_hidden_groups=4), r"num_hidden_groups \(4\) exceeds"),
     (dict(remat="everything"), r"model.remat='everything'"),
+    (dict(layer_loop="while"), r"model.layer_loop='while'; choose one of"),
     (dict(attention_impl="flash"), r"model.attention_impl='flash'"),
     (dict(hidden_dropout_prob=1.0), r"hidden_dropout_prob must be in \[0, 1"),
     (dict(num_hidden_layers=0), r"num_hidden_layers must be a positive"),

@@ -69,7 +69,7 @@ def dense_case(contract, dtype, seed=0):
 def test_dense_matches_the_einsum_in_value_and_gradients(contract, dtype,
                                                          rtol):
   module, params, x = dense_case(contract, dtype)
-  assert layers._compile_platform() == "cpu"  # the custom matmul is in use
+  assert layers.compile_platform() == "cpu"  # the custom matmul is in use
 
   def run(apply):
     def loss(p, x):
@@ -115,10 +115,10 @@ def test_the_weight_gradient_is_a_transposed_matmul_on_cpu_only():
   assert "optimization_barrier" in grad_jaxpr(module, params, x)
   mesh = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=TPU)
   with jax.sharding.use_abstract_mesh(mesh):
-    assert layers._compile_platform() == "tpu"
+    assert layers.compile_platform() == "tpu"
     assert "optimization_barrier" not in grad_jaxpr(module, params, x)
   with jax.set_mesh(jax.make_mesh((1,), ("data",))):
-    assert layers._compile_platform() == "cpu"
+    assert layers.compile_platform() == "cpu"
 
 
 def dot_precisions(fn, *args) -> list[str]:
