@@ -1,0 +1,406 @@
+"""Where a train step spends its time, from a `jax.profiler` trace.
+
+`breakdown` reads a trace (an XSpace, `*.xplane.pb`) of a few steps of one
+compiled program and the program's HLO text (`compiled.as_text()`), and
+returns milliseconds per step by model component and phase, and the
+slowest HLO instructions or kernels. Which events it reads depends on the
+platform the trace came from:
+
+  GPU  the `Stream #...` lines of the `/device:GPU:N` planes: one CUPTI
+       event per kernel, memcpy or memset. The other lines of those planes
+       ("XLA Ops", "XLA Modules", "Steps", ...) are derived from the same
+       events and would count them twice.
+  TPU  the "XLA Ops" line of the `/device:TPU:N` planes: one event per HLO
+       instruction executed.
+  CPU  the host plane's XLA thunk events (those with an `hlo_op` stat),
+       one per HLO thunk run, on whatever thread ran it.
+
+An event is tied to its HLO instruction by its `hlo_op` stat, else by its
+name: an instruction's name, or the kernel name XLA:GPU gives a fusion (the
+instruction's name with "." and "-" turned into "_"), unless its
+`hlo_module` stat names another program. The instruction's
+`op_name` metadata (the JAX name stack: Flax module paths, `jvp(...)` for
+the forward pass, `transpose(jvp(...))` for the backward pass) gives its
+component and phase (`classify`). An event that ties to no instruction (a
+cuBLAS or cuDNN kernel run without XLA's annotation, a memcpy, a kernel of
+another program) is counted too, by its symbol (`LIBRARY_KERNELS`), in
+phase "unknown": every device event is in the total.
+
+Times are per step (the events' time over the number of steps traced) and,
+on a device, per device (averaged over the device planes with events):
+
+  GPU  kernel time summed over streams: concurrent streams can add up to
+       more than the wall time. `busy_ms` is the time at least one stream
+       ran something; `idle_ms` the wall time less that (launch gaps,
+       host-side work, waiting on the host).
+  TPU  op time; an op nested in another (a loop's body in its `while`) is
+       counted once: the outer op keeps only its own time.
+  CPU  thunk time summed over threads, so it can exceed the wall time; no
+       busy or idle time.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import math
+import os
+import re
+import typing
+
+import jax
+
+# (component, op_name pattern); the first match wins.
+COMPONENTS = (
+    ("LayerNorm", r"layer_norm"),
+    ("attention Q/K/V/output projections",
+     r"AttentionBlock/(query|key|value|output)/"),
+    ("attention scores, mask, softmax, context", r"AttentionBlock/"),
+    ("FFN matmuls", r"FFNBlock/(intermediate|output)/"),
+    ("FFN GELU, bias, residual", r"FFNBlock/"),
+    # Writing and reading the stacked per-layer residuals, slicing the
+    # parameters, zero-filling and summing the shared-parameter gradients.
+    ("layer scan bookkeeping", r"encoder/(while|broadcast)"),
+    ("embeddings, E→H projection",
+     r"embeddings/|embedding_hidden_mapping_in"),
+    ("MLM head (gather, dense, decoder)", r"/mlm/|take_along_axis"),
+    ("pooler, SOP head", r"/pooler/|/sop/"),
+)
+# Kernels tied to no instruction, by symbol: (component, pattern), the first
+# match wins. Attention first: CUTLASS and cuDNN flash kernels are attention
+# though their symbols may say "gemm" or "cutlass".
+LIBRARY_KERNELS = (
+    ("attention (library kernel)", r"cudnn|fmha|sdpa|flash|mha"),
+    ("GEMM (library kernel)", r"gemm|nvjet|cutlass|xmma|cublas"),
+    ("memcpy/memset", r"memcpy|memset"),
+)
+OTHER_KERNELS = "other kernels (library, or not in this HLO)"
+PHASES = ("forward", "backward", "other", "unknown")
+# Control flow whose thunk runs others on CPU: its children are counted, on
+# other threads too, so its own event would count them twice.
+_CONTAINERS = ("while", "conditional", "call")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*", re.M)
+_OP_NAME = re.compile(r'metadata=\{[^}]*op_name="([^"]*)"')
+# The opcode follows the result type, an array or a (nested) tuple.
+_OPCODE = re.compile(r"= (?:\(.*?\)|\S+) ([\w\-]+)\(")
+
+
+class Entry(typing.NamedTuple):
+  """One instruction (or unmatched kernel symbol) and its time.
+
+  Attributes:
+    name: the HLO instruction, or the kernel's symbol if none matched.
+    phase: "forward", "backward", "other" or "unknown".
+    component: the row of the breakdown it counts in.
+    ms: milliseconds per step (and device).
+    calls: events per step (and device).
+    hlo: the instruction's HLO line ("" for a kernel of no instruction).
+  """
+  name: str
+  phase: str
+  component: str
+  ms: float
+  calls: float
+  hlo: str
+
+
+@dataclasses.dataclass
+class StepBreakdown:
+  """Milliseconds per step of one traced program (see the module docstring).
+
+  Attributes:
+    platform: "cpu", "gpu" or "tpu": which events were read.
+    steps: steps traced (the divisor).
+    devices: device planes with events (1 on CPU).
+    rows: (component, {phase: ms per step}) by total, slowest first.
+    total_ms: sum of the rows, ms per step.
+    top: the slowest instructions or kernels.
+    wall_ms: wall time per step: as measured by the caller, else the span
+      from the first to the last event read, over the steps.
+    busy_ms: per step, time any stream (TPU: op) of a device ran; None on
+      CPU.
+    idle_ms: `wall_ms` less `busy_ms`; None on CPU.
+    streams: GPU stream (line name) → ms per step of its events.
+  """
+  platform: str
+  steps: int
+  devices: int
+  rows: list[tuple[str, dict[str, float]]]
+  total_ms: float
+  top: list[Entry]
+  wall_ms: float | None = None
+  busy_ms: float | None = None
+  idle_ms: float | None = None
+  streams: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class _Instruction(typing.NamedTuple):
+  op_name: str
+  opcode: str
+  text: str
+
+
+class _Program(typing.NamedTuple):
+  """What ties an event to an instruction of one HLO module."""
+  instructions: dict[str, _Instruction]
+  sanitised: dict[str, str]  # XLA:GPU's kernel name → instruction
+  module: str | None  # the `hlo_module` its events carry
+
+
+def _instructions(hlo_text: str) -> dict[str, _Instruction]:
+  """HLO instruction name → its op_name metadata, opcode and line."""
+  found = {}
+  for m in _INSTRUCTION.finditer(hlo_text):
+    op_name, opcode = _OP_NAME.search(m.group(0)), _OPCODE.search(m.group(0))
+    found.setdefault(m.group(1), _Instruction(
+        op_name.group(1) if op_name else "",
+        opcode.group(1) if opcode else "", m.group(0).strip()))
+  return found
+
+
+def _program(hlo_text: str) -> _Program:
+  instructions = _instructions(hlo_text)
+  sanitised = {}
+  for name in instructions:
+    sanitised.setdefault(name.replace(".", "_").replace("-", "_"), name)
+  module = re.search(r"^HloModule ([\w.\-]+)", hlo_text, re.M)
+  return _Program(instructions, sanitised, module and module.group(1))
+
+
+def hlo_op_names(hlo_text: str) -> dict[str, str]:
+  """HLO instruction name → its op_name metadata ("" when it has none)."""
+  return {k: v.op_name for k, v in _instructions(hlo_text).items()}
+
+
+def classify(instruction: str, op_name: str) -> tuple[str, str]:
+  """(phase, component) of one HLO instruction."""
+  if not op_name:
+    # Fills and copies XLA adds itself, mostly the zero-initialised stacked
+    # outputs of the layer scan and copies of them.
+    kind = "copies" if instruction.startswith("copy") else "fills, other"
+    return "other", f"XLA-inserted {kind} (no op metadata)"
+  if "transpose(jvp(" in op_name:
+    phase = "backward"
+  elif "jvp(" in op_name:
+    phase = "forward"
+  else:
+    return "other", "optimizer, clipping, non-finite guard, metrics"
+  for component, pattern in COMPONENTS:
+    if re.search(pattern, op_name):
+      return phase, component
+  return phase, "losses (cross-entropy) and the rest"
+
+
+def library_component(symbol: str) -> str:
+  """The component of a kernel tied to no instruction, by its symbol."""
+  for component, pattern in LIBRARY_KERNELS:
+    if re.search(pattern, symbol, re.I):
+      return component
+  return OTHER_KERNELS
+
+
+def load(trace: str) -> jax.profiler.ProfileData:
+  """A trace file, or the newest `*.xplane.pb` under a directory."""
+  if os.path.isdir(trace):
+    files = sorted(glob.glob(os.path.join(trace, "**", "*.xplane.pb"),
+                             recursive=True), key=os.path.getmtime)
+    if not files:
+      raise FileNotFoundError(f"No *.xplane.pb trace under {trace}.")
+    trace = files[-1]
+  return jax.profiler.ProfileData.from_file(trace)
+
+
+def _lines(data) -> tuple[str, list]:
+  """The platform and the (plane name, line) pairs to read."""
+  planes = list(data.planes)
+  gpus = [p for p in planes if p.name.startswith("/device:GPU:")]
+  if gpus:
+    return "gpu", [(p.name, l) for p in gpus for l in p.lines
+                   if l.name.startswith("Stream #")]
+  tpus = [p for p in planes if p.name.startswith("/device:TPU:")]
+  if tpus:
+    return "tpu", [(p.name, l) for p in tpus for l in p.lines
+                   if l.name == "XLA Ops"]
+  hosts = [p for p in planes if p.name == "/host:CPU"] or planes
+  return "cpu", [(p.name, l) for p in hosts for l in p.lines]
+
+
+def _self_times(spans: list[tuple[float, float]]) -> list[float]:
+  """Each (start, end) span's length less that of the spans nested directly
+  in it, for the events of one line (a `while` op and its body's ops)."""
+  own = [end - start for start, end in spans]
+  stack = []
+  for i in sorted(range(len(spans)), key=lambda i: (spans[i][0], -own[i])):
+    start, end = spans[i]
+    while stack and spans[stack[-1]][1] <= start:
+      stack.pop()
+    if stack and end <= spans[stack[-1]][1]:
+      own[stack[-1]] -= end - start
+    stack.append(i)
+  return own
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+  """Length of the union of (start, end) spans."""
+  total, reach = 0.0, -math.inf
+  for start, end in sorted(spans):
+    if end > reach:
+      total += end - max(start, reach)
+      reach = end
+  return total
+
+
+def _label(event, platform: str, program: _Program):
+  """(name, phase, component, HLO line) an event counts under; None for one
+  not counted (on CPU: host work, a loop whose body's thunks count)."""
+  stats = dict(event.stats)
+  hlo_op, inst = stats.get("hlo_op"), program.instructions
+  name = None
+  # Another program's instruction may share a name ("copy.1").
+  if program.module in (None, stats.get("hlo_module", program.module)):
+    name = next((n for n in (hlo_op, event.name,
+                             program.sanitised.get(event.name)) if n in inst),
+                None)
+  if name is not None:
+    if platform == "cpu" and inst[name].opcode in _CONTAINERS:
+      return None
+    return name, *classify(name, inst[name].op_name), inst[name].text
+  if platform == "cpu" and (
+      hlo_op is None or event.name.split(".")[0] in _CONTAINERS):
+    return None
+  return event.name, "unknown", library_component(event.name), ""
+
+
+def breakdown(trace: str, hlo_text: str, steps: int, top: int = 10,
+              wall_ms: float | None = None) -> StepBreakdown:
+  """Milliseconds per step by component and phase, from a trace.
+
+  Args:
+    trace: an `*.xplane.pb` file, or a directory holding one (the newest
+      under it is read).
+    hlo_text: the traced program's `compiled.as_text()`.
+    steps: how many steps the trace holds.
+    top: how many of the slowest instructions or kernels to list.
+    wall_ms: the measured wall time per step; default: the span of the
+      events read, over `steps`.
+
+  Returns:
+    The breakdown (see `StepBreakdown` and the module docstring).
+
+  Raises:
+    ValueError: if the trace holds no event to count.
+  """
+  data, program = load(trace), _program(hlo_text)
+  platform, lines = _lines(data)
+  totals = collections.defaultdict(collections.Counter)
+  per_name, calls, labels = collections.Counter(), collections.Counter(), {}
+  streams = collections.Counter()
+  spans_of = collections.defaultdict(list)
+  for device, line in lines:
+    events = list(line.events)
+    spans = [(e.start_ns, e.start_ns + e.duration_ns) for e in events]
+    # Host threads run a loop's body thunks on other threads than its
+    # `while` thunk: nesting on one line says nothing there.
+    own = (_self_times(spans) if platform != "cpu"
+           else [e.duration_ns for e in events])
+    for event, span, ns in zip(events, spans, own):
+      label = _label(event, platform, program)
+      if label is None:
+        continue
+      name, phase, component, _ = label
+      labels[name] = label
+      totals[component][phase] += ns
+      per_name[name] += ns
+      calls[name] += 1
+      streams[line.name] += ns
+      spans_of[device].append(span)
+  if not per_name:
+    raise ValueError(f"No {platform} XLA events in {trace}; planes: "
+                     f"{[p.name for p in data.planes]}.")
+  devices = len(spans_of) if platform != "cpu" else 1
+  scale = 1e-6 / steps / devices  # ns in all → ms per step and device
+  rows = [(c, {p: phases[p] * scale for p in PHASES if p in phases})
+          for c, phases in totals.items()]
+  rows.sort(key=lambda kv: (-sum(kv[1].values()), kv[0]))
+  if wall_ms is None:
+    wall_ms = sum(max(e for _, e in s) - min(b for b, _ in s)
+                  for s in spans_of.values()) * 1e-6 / steps / len(spans_of)
+  busy_ms = idle_ms = None
+  if platform != "cpu":
+    busy_ms = sum(_union(s) for s in spans_of.values()) * scale
+    idle_ms = wall_ms - busy_ms
+  return StepBreakdown(
+      platform=platform, steps=steps, devices=devices, rows=rows,
+      total_ms=sum(per_name.values()) * scale,
+      top=[Entry(*labels[n][:3], ns * scale, calls[n] / steps / devices,
+                 labels[n][3]) for n, ns in per_name.most_common(top)],
+      wall_ms=wall_ms, busy_ms=busy_ms, idle_ms=idle_ms,
+      streams=({k: v * scale for k, v in sorted(streams.items())}
+               if platform == "gpu" else {}))
+
+
+def _count(n: int, what: str) -> str:
+  return f"{n} {what}{'s' * (n != 1)}"
+
+
+def _header(result: StepBreakdown, title: str) -> str:
+  """What the numbers mean, for the platform the trace came from."""
+  head = f"Profile: {title}." if title else "Profile."
+  traced = [_count(result.steps, "step")] if result.steps else []
+  if result.platform == "cpu":
+    what = "XLA:CPU thunk time in ms per step"
+    how = ", summed over threads (can exceed the wall time)"
+  else:
+    traced.append(_count(result.devices, "device"))
+    what = "GPU kernel time" if result.platform == "gpu" else (
+        'TPU op time (the "XLA Ops" line)')
+    what += " in ms per step and device"
+    how = (", summed over streams (can exceed the wall time)"
+           if result.platform == "gpu" else "")
+  traced = f" ({', '.join(traced)} traced)" if traced else ""
+  text = f"{head} {what}{traced}{how}."
+  if result.wall_ms is not None:
+    text += f" Wall {result.wall_ms:,.3f} ms per step"
+    if result.busy_ms is not None:
+      text += (f": device busy {result.busy_ms:,.3f}, idle / launch gaps "
+               f"{result.idle_ms:,.3f}")
+    text += "."
+  return text
+
+
+def to_markdown(result: StepBreakdown, title: str = "") -> str:
+  """The breakdown, streams (GPU) and slowest entries as markdown tables."""
+  phases = [p for p in PHASES
+            if p != "unknown" or any(p in ph for _, ph in result.rows)]
+  out = [_header(result, title),
+         f"| component | {' | '.join(phases)} | total | share |",
+         f"|---|{'---:|' * (len(phases) + 2)}"]
+  for component, by_phase in result.rows:
+    total = sum(by_phase.values())
+    cells = [f"{by_phase[p]:,.3f}" if p in by_phase else "" for p in phases]
+    out.append(f"| {component} | {' | '.join(cells)} | {total:,.3f} | "
+               f"{100 * total / max(result.total_ms, 1e-12):.1f}% |")
+  out.append(f"| total |{' |' * len(phases)} {result.total_ms:,.3f} | "
+             "100% |")
+  if result.streams:
+    out += ["", "| stream | ms per step |", "|---|---:|"]
+    out += [f"| {s} | {ms:,.3f} |" for s, ms in result.streams.items()]
+  out += ["", "| slowest HLO instructions and kernels | phase | component "
+          "| ms | calls | shape and op |", "|---|---|---|---:|---:|---|"]
+  for e in result.top:
+    op = e.hlo.split(" = ", 1)[-1].split(", metadata=")[0][:110]
+    name = e.name if len(e.name) <= 60 else e.name[:59] + "…"
+    out.append(f"| {name} | {e.phase} | {e.component} | {e.ms:,.3f} | "
+               f"{e.calls:g} | {f'`{op}`' if op else ''} |")
+  return "\n".join(out) + "\n"
+
+
+def write_summary(result: StepBreakdown, directory: str,
+                  title: str = "") -> str:
+  """Writes `to_markdown` to `directory`/summary.md; returns its path."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, "summary.md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(to_markdown(result, title))
+  return path
