@@ -211,7 +211,15 @@ def compile_train_step(config, *, fast: bool = True,
   tx, schedule = optim.make(config)
   start = time.perf_counter()
   init = state_lib.state_init_fn(target.init_params, tx)
-  abstract_boxed = jax.eval_shape(init, jax.random.key(0))
+  # Tracing cuDNN attention (init traces the model too) asks for cuDNN's
+  # version, which a host without the CUDA libraries answers from the
+  # target config.
+  gpu = topology and topology_lib.is_gpu(topology)
+  lowering = lambda: (  # noqa: E731  (a fresh context each time)
+      topology_lib.gpu_lowering(topology_lib.gpu_topology(topology)[0])
+      if gpu else contextlib.nullcontext())
+  with lowering():
+    abstract_boxed = jax.eval_shape(init, jax.random.key(0))
   shardings = state_lib.state_shardings(abstract_boxed, tx, mesh, rules)
   abstract = {**abstract_boxed,
               "params": nn.meta.unbox(abstract_boxed["params"])}
@@ -222,10 +230,7 @@ def compile_train_step(config, *, fast: bool = True,
                          sharding_lib.data_sharding(mesh))
   step = step_lib.make_train_step(target.objective, tx, schedule, acc)
   jitted = step_lib.jit_train_step(step, shardings, mesh, rules).jitted
-  lowering = (topology_lib.gpu_lowering(topology_lib.gpu_topology(topology)[0])
-              if topology and topology_lib.is_gpu(topology)
-              else contextlib.nullcontext())
-  with lowering, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with lowering(), jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     lowered = jitted.lower(state, batch)
   lower_seconds = time.perf_counter() - start
   options = None

@@ -683,6 +683,12 @@ def kernels(hlo: str) -> list[Kernel]:
           flops = attention.forward_flops
           if attention.direction == "bwd":
             flops = flops * 5 // 2
+            if attention.impl == "pallas":
+              # Two kernels share the backward: dq (3 of its 7 matmuls,
+              # one output) and dk/dv (4 of 7, two outputs).
+              outputs = (len(_tuple_elements(result_type))
+                         if result_type.startswith("(") else 1)
+              flops = flops * (4 if outputs > 1 else 3) // 7
       if category is None:
         category = _category(opcode, op_name, result_type, body, training)
       found.append(Kernel(name, runs, opcode, size, flops, category, op_name,

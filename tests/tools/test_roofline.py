@@ -383,3 +383,34 @@ def test_gpu_topology_names():
                   "hbm_bytes_per_second": 3.35232e12, "sm_count": 132}
   assert topology.hbm_gib("NVIDIA H200") == pytest.approx(150754820096
                                                           / 2**30)
+
+
+MOSAIC = """\\
+HloModule jit_step
+
+ENTRY %main (q: bf16[2,128,4,64], ids: s32[2,128]) -> (bf16[2,128,4,64], bf16[2,128,4,64], bf16[2,128,4,64], bf16[2,128,4,64]) {
+  %q = bf16[2,128,4,64]{3,2,1,0} parameter(0)
+  %ids = s32[2,128]{1,0} parameter(1)
+  %fwd = bf16[2,128,4,64]{3,2,1,0} custom-call(%q, %q, %q, %ids, %ids), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(step)/jvp(Albert)/encoder/layers/AttentionBlock/kernel/mpmd_map"}
+  %dq = bf16[2,128,4,64]{3,2,1,0} custom-call(%q, %q, %q, %q, %ids, %ids), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(step)/transpose(jvp(Albert))/encoder/layers/AttentionBlock/kernel/mpmd_map"}
+  %dkv = (bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}) custom-call(%q, %q, %q, %q, %ids, %ids), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(step)/transpose(jvp(Albert))/encoder/layers/AttentionBlock/kernel/mpmd_map"}
+  %dk = bf16[2,128,4,64]{3,2,1,0} get-tuple-element(%dkv), index=0
+  %dv = bf16[2,128,4,64]{3,2,1,0} get-tuple-element(%dkv), index=1
+  ROOT %out = (bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}) tuple(%fwd, %dq, %dk, %dv)
+}
+"""
+
+
+def test_mosaic_gpu_attention_kernels_share_the_backward():
+  """The Mosaic GPU flash kernels: the forward counts 4·B·N·T²·D, and the
+  backward's 2.5 forwards are split over its dq kernel (3 of 7 matmuls)
+  and its dk/dv kernel (4 of 7); segment ids make its mask "segments"."""
+  k = _by_name(MOSAIC)
+  forward = 4 * 2 * 4 * 128 * 128 * 64
+  assert k["fwd"].flops == forward
+  assert k["dq"].flops == forward * 5 // 2 * 3 // 7
+  assert k["dkv"].flops == forward * 5 // 2 * 4 // 7
+  for name in ("fwd", "dq", "dkv"):
+    a = k[name].attention
+    assert (a.impl, a.seq, a.mask) == ("pallas", 128, "segments")
+  assert k["dq"].attention.direction == k["dkv"].attention.direction == "bwd"
