@@ -30,6 +30,27 @@ HEADS = ("mlm", "sop")
 ALL_HEADS = ("mlm", "sop", "rtd", "lm")
 
 
+def check_right_padded(attention_mask: Any) -> None:
+  """Refuses a concrete [B, T] mask whose rows are not one sequence then
+  padding (non-zero values all equal, then zeros), which `right_padded`
+  promises. Inside jit the values are not known and nothing is checked.
+
+  Raises:
+    ValueError: naming the first row that breaks it.
+  """
+  if isinstance(attention_mask, jax.core.Tracer):
+    return
+  mask = np.asarray(attention_mask)
+  for row, values in enumerate(mask):
+    length = int(np.count_nonzero(values))
+    real = values[:length]
+    if np.any(values[length:] != 0) or (length and np.any(real != real[0])):
+      raise ValueError(
+          f"right_padded=True, but row {row} of attention_mask is not one "
+          f"sequence followed by padding ({values.tolist()}); pass "
+          "right_padded=False for packed or left-padded rows.")
+
+
 def check_ids(input_ids: Any, vocab_size: int,
               name: str = "input_ids") -> None:
   """Refuses token ids the embedding would silently clip or misread: not
@@ -95,7 +116,8 @@ class Albert(nn.Module):
                attention_mask: jax.Array | None = None,
                position_ids: jax.Array | None = None,
                masked_positions: jax.Array | None = None,
-               deterministic: bool = True) -> dict[str, Any]:
+               deterministic: bool = True,
+               right_padded: bool = False) -> dict[str, Any]:
     """Runs the model.
 
     Args:
@@ -110,6 +132,11 @@ class Albert(nn.Module):
       masked_positions: [B, P] int. If given, MLM logits are computed only
         at these positions ([B, P, V]); otherwise at all positions.
       deterministic: False enables dropout (needs the "dropout" rng).
+      right_padded: the promise that every row of `attention_mask` is one
+        sequence then padding (1…1 0…0), as the pre-training loader and the
+        fine-tuning features write them: attention may then take row
+        lengths instead of a mask (cuDNN's padding mask). Checked when the
+        mask's values are known (outside jit).
 
     Returns:
       dict with "sequence_output" [B, T, H], and where built
@@ -138,12 +165,14 @@ class Albert(nn.Module):
       position_ids = encoder_lib.position_ids(cfg, input_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
+    if right_padded:
+      check_right_padded(attention_mask)
     segment_ids = attention_mask.astype(jnp.int32)
 
     embeddings = encoder_lib.Embeddings(cfg, name="embeddings")
     x = embeddings(input_ids, token_type_ids, position_ids, deterministic)
     x = encoder_lib.Encoder(cfg, name="encoder")(x, segment_ids,
-                                                 deterministic)
+                                                 deterministic, right_padded)
     out = {"sequence_output": x}
     if self.pooler:
       if cfg.causal:

@@ -116,21 +116,23 @@ class Electra(nn.Module):
     self.generator_mlm = heads_lib.MLMHead(self.generator)
 
   def generate(self, input_ids, token_type_ids, position_ids, segment_ids,
-               masked_positions, deterministic: bool):
+               masked_positions, deterministic: bool,
+               right_padded: bool = False):
     """The generator's logits [B, P, V] at `masked_positions` [B, P] of the
     masked input `input_ids` [B, T]."""
     x = self.embeddings(input_ids, token_type_ids, position_ids,
                         deterministic)
-    h = self.generator_encoder(x, segment_ids, deterministic)
+    h = self.generator_encoder(x, segment_ids, deterministic, right_padded)
     return self.generator_mlm(heads_lib.gather_positions(h, masked_positions),
                               self.embeddings)
 
   def discriminate(self, input_ids, token_type_ids, position_ids,
-                   segment_ids, deterministic: bool):
+                   segment_ids, deterministic: bool,
+                   right_padded: bool = False):
     """([B, T, H] sequence output, [B, T] replaced-token logits)."""
     x = self.embeddings(input_ids, token_type_ids, position_ids,
                         deterministic)
-    h = self.encoder(x, segment_ids, deterministic)
+    h = self.encoder(x, segment_ids, deterministic, right_padded)
     return h, self.rtd(h)
 
   def __call__(self,
@@ -141,7 +143,8 @@ class Electra(nn.Module):
                token_type_ids: jax.Array | None = None,
                attention_mask: jax.Array | None = None,
                temperature: float = 1.0,
-               deterministic: bool = True) -> dict[str, jax.Array]:
+               deterministic: bool = True,
+               right_padded: bool = False) -> dict[str, jax.Array]:
     """Generator, sampling, corruption and discriminator on one batch.
 
     Samples with the "sample" rng (and dropout with "dropout" when not
@@ -155,6 +158,8 @@ class Electra(nn.Module):
       attention_mask: [B, T], 0 = padding (default all ones).
       temperature: the generator's sampling temperature.
       deterministic: False enables dropout.
+      right_padded: every row of `attention_mask` is one sequence then
+        padding (`albert.Albert`'s promise of that name).
 
     Returns:
       dict of "mlm_logits" [B, P, V] (generator), "sampled_ids" [B, P],
@@ -176,14 +181,18 @@ class Electra(nn.Module):
     position_ids = encoder_lib.position_ids(cfg, original)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
+    if right_padded:
+      albert_lib.check_right_padded(attention_mask)
     segment_ids = attention_mask.astype(jnp.int32)
     mlm_logits = self.generate(input_ids, token_type_ids, position_ids,
-                               segment_ids, masked_positions, deterministic)
+                               segment_ids, masked_positions, deterministic,
+                               right_padded)
     sampled = gumbel_max_sample(self.make_rng("sample"), mlm_logits,
                                 temperature)
     fake = scatter_masked(original, masked_positions, masked_weights, sampled)
     sequence, rtd_logits = self.discriminate(
-        fake, token_type_ids, position_ids, segment_ids, deterministic)
+        fake, token_type_ids, position_ids, segment_ids, deterministic,
+        right_padded)
     return {"mlm_logits": mlm_logits, "sampled_ids": sampled,
             "original_ids": original, "fake_ids": fake,
             "sequence_output": sequence, "rtd_logits": rtd_logits}

@@ -65,8 +65,14 @@ class Embeddings(nn.Module):
 
 
 class AttentionBlock(nn.Module):
-  """Self-attention → dense → dropout → residual + LayerNorm (post-LN)."""
+  """Self-attention → dense → dropout → residual + LayerNorm (post-LN).
+
+  Attributes:
+    right_padded: every row of the segment ids is one sequence then padding
+      (`attention.dot_product_attention`'s promise of that name).
+  """
   config: ModelConfig
+  right_padded: bool = False
 
   @nn.nowrap
   def project_qkv(self, x):
@@ -100,7 +106,7 @@ class AttentionBlock(nn.Module):
         q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
         dropout_rng=self.make_rng("dropout") if needs_rng else None,
         deterministic=deterministic, impl=cfg.attention_impl,
-        causal=cfg.causal)
+        causal=cfg.causal, right_padded=self.right_padded)
     y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
                      name="output", **kw)(context)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
@@ -183,6 +189,7 @@ class _Step(nn.Module):
   """One applied block (attention then FFN) with its parameters handed in."""
   config: ModelConfig
   unrolled: bool = False
+  right_padded: bool = False
 
   @nn.compact
   def __call__(self, h, xs, shared, segment_ids, deterministic):
@@ -205,7 +212,7 @@ class _Step(nn.Module):
     needs_rng = not deterministic and (
         cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0)
     rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
-    h = AttentionBlock(cfg, parent=None).apply(
+    h = AttentionBlock(cfg, self.right_padded, parent=None).apply(
         {"params": params["attention"]}, h, segment_ids, deterministic,
         rngs=rngs)
     rngs = {"dropout": self.make_rng("dropout")} if needs_rng else None
@@ -246,8 +253,10 @@ class Encoder(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, segment_ids, deterministic):
-    """[B, T, E] → [B, T, H]."""
+  def __call__(self, x, segment_ids, deterministic, right_padded=False):
+    """[B, T, E] → [B, T, H]; `segment_ids` [B, T], 0 = padding, and
+    `right_padded` the promise that each row is one sequence then padding
+    (`attention.dot_product_attention`)."""
     cfg = self.config
     if cfg.embedding_projection:
       x = layers.Dense((cfg.hidden_size,), ("embedding", "embed"),
@@ -276,8 +285,8 @@ class Encoder(nn.Module):
                    split_rngs={"dropout": True},
                    in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
                    length=cfg.num_steps, unroll=True if unroll else 1)
-    x, _ = scan(cfg, unroll, name="layers")(x, (scanned, copy_index), shared,
-                                    segment_ids, deterministic)
+    x, _ = scan(cfg, unroll, right_padded, name="layers")(
+        x, (scanned, copy_index), shared, segment_ids, deterministic)
     return x
 
 

@@ -16,9 +16,12 @@ Implementations:
   pallas  this package's flash-attention kernels: the Mosaic TPU kernel on
           TPU (`flash_tpu`), the same kernel in TPU interpret mode on CPU
           (for tests; slow), the Mosaic GPU kernel on Hopper (`flash_gpu`).
-  cudnn   cuDNN's fused attention through `jax.nn.dot_product_attention`.
-  auto    pallas on TPU, cudnn on GPU, xla on CPU, each where it takes the
-          inputs (else xla).
+  cudnn   cuDNN's fused attention through `jax.nn.dot_product_attention`;
+          with `right_padded` rows, its padding mask from row lengths.
+  auto    pallas on TPU; on GPU whichever of pallas and cudnn ran faster on
+          the H100 for the call's length, mask and pass (`hopper_rates`,
+          measured), cudnn where the kernel cannot take the inputs; xla on
+          CPU; each where it takes the inputs (else xla).
 The platform is that of the devices the step is compiled for: under a mesh
 (`jax.set_mesh`, as the trainer jits its steps) the mesh's devices, else the
 default backend. So a train step compiled ahead of time from a CPU host for
@@ -43,6 +46,8 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+from albert_jax.ops import hopper_rates
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +173,16 @@ def _xla_attention(q, k, v, mask, dropout_rate, dropout_rng, deterministic):
   return out
 
 
-def _cudnn_attention(q, k, v, mask, causal):
+def _cudnn_attention(q, k, v, mask, causal, lengths=None):
+  """cuDNN's fused attention. With `lengths` ([batch] valid tokens of
+  right-padded rows) it takes its padding mask: no [B, 1, T, T] bias to
+  build, read and differentiate, key tiles past a row's length skipped, and
+  query rows past it zeros (the padding mask's contract, as
+  `jax.nn.dot_product_attention`'s reference path computes it)."""
+  if lengths is not None:
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation="cudnn")
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                      implementation="cudnn")
   if mask is not None:
@@ -252,16 +266,34 @@ def _log_once(message: str) -> None:
   logger.warning(message)
 
 
+def _gpu_auto(q, k, v, causal: bool, segments: bool, right_padded: bool,
+              training: bool) -> tuple[str, str | None]:
+  """(choice, why not) of impl="auto" on a GPU: cuDNN, or the Mosaic GPU
+  kernel where it takes the inputs and ran faster on the H100 for this
+  sequence length, mask and pass (`hopper_rates`): the kernel compares
+  segment ids, cuDNN takes sequence lengths for right-padded rows and a
+  dense bias for any other mask."""
+  cudnn_reason = _cudnn_unsupported(q)
+  if causal or _kernel_module("gpu").check_supported(q, k, v):
+    return "cudnn", cudnn_reason
+  if cudnn_reason:
+    return "pallas", None
+  cudnn_mask = "padded" if segments and not right_padded else "none"
+  return hopper_rates.faster(q.shape[1], "padded" if segments else "none",
+                             cudnn_mask, training), None
+
+
 def _choose(impl: str, q, k, v, use_dropout: bool, backend: str,
-            causal: bool = False) -> str:
+            causal: bool = False, segments: bool = False,
+            right_padded: bool = False, training: bool = True) -> str:
   """Resolves `impl` to the path that runs: "xla", "pallas" or "cudnn"."""
   if impl == "auto":
     if backend == "tpu":
       reason = _kernel_module(backend).check_supported(q, k, v)
       chosen = "pallas"
     elif backend == "gpu":
-      reason = _cudnn_unsupported(q)
-      chosen = "cudnn"
+      chosen, reason = _gpu_auto(q, k, v, causal, segments, right_padded,
+                                 training)
     else:
       return "xla"
     if reason:
@@ -303,6 +335,7 @@ def dot_product_attention(
     deterministic: bool = True,
     impl: str = "auto",
     causal: bool = False,
+    right_padded: bool = False,
 ) -> jax.Array:
   """Multi-head attention softmax(q kᵀ / √d) v with segment masking.
 
@@ -323,6 +356,13 @@ def dot_product_attention(
       active dropout to xla.
     causal: also mask every key after the query (key j > query i), for
       left-to-right models.
+    right_padded: the caller's promise that every row of `segment_ids` is
+      one sequence followed by padding (non-zero ids, then zeros), as the
+      pre-training loader writes its rows. cuDNN then takes each row's
+      length instead of a mask (no [B, 1, T, T] bias); the result is the
+      same. Rows that break the promise get attention over their first
+      `count(ids != 0)` tokens, so only a caller that builds its rows
+      that way may set it.
 
   Returns:
     [batch, q_len, heads, head_dim] in q's dtype. Query rows whose segment id
@@ -333,6 +373,7 @@ def dot_product_attention(
         f"Unknown attention implementation {impl!r}; choose one of "
         f"{IMPLEMENTATIONS} (set model.attention_impl).")
   _check_shapes(q, k, v, segment_ids, kv_segment_ids)
+  kv_ids_given = kv_segment_ids is not None
   if kv_segment_ids is None:
     kv_segment_ids = segment_ids
   if not 0.0 <= dropout_rate < 1.0:
@@ -341,7 +382,8 @@ def dot_product_attention(
   if use_dropout and dropout_rng is None:
     raise ValueError("Attention dropout needs dropout_rng.")
   backend = target_platform()
-  chosen = _choose(impl, q, k, v, use_dropout, backend, causal)
+  chosen = _choose(impl, q, k, v, use_dropout, backend, causal,
+                   segment_ids is not None, right_padded, not deterministic)
   if chosen == "pallas":
     module = _kernel_module(backend)
     # Only the TPU kernel takes `causal` (GPU causal calls went to cudnn).
@@ -358,11 +400,16 @@ def dot_product_attention(
     kernel = functools.partial(module.flash_attention, **kwargs)
     out = _per_shard(kernel, q, k, v, segment_ids, kv_segment_ids)
     return out.astype(q.dtype)
+  # Self-attention over right-padded rows: cuDNN takes the rows' lengths.
+  lengths = None
+  if (chosen == "cudnn" and right_padded and segment_ids is not None
+      and not kv_ids_given):
+    lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
   mask = None
-  if segment_ids is not None:
+  if segment_ids is not None and lengths is None:
     mask = segment_mask(segment_ids, kv_segment_ids)
   if chosen == "cudnn":
-    out = _cudnn_attention(q, k, v, mask, causal)
+    out = _cudnn_attention(q, k, v, mask, causal, lengths)
   else:
     if causal:
       tril = causal_mask(q.shape[1], k.shape[1])

@@ -74,7 +74,8 @@ def evaluate_on(model: pretrained_lib.Pretrained, config: dict[str, Any],
   module = albert_lib.Albert(model.model_config, pooler=model.pooler,
                              heads=tuple(h for h in model.heads
                                          if h in ("mlm", "sop")))
-  objective = objectives.MaskedLMObjective(module)
+  # The loader's rows: one instance, then padding.
+  objective = objectives.MaskedLMObjective(module, right_padded=True)
   sums_fn = jax.jit(lambda p, b: objective.sums(p, b, None, True))
   total = None
   for step in range(eval_batches):

@@ -150,11 +150,12 @@ class ElectraObjective:
     """
     key = eval_key(batch) if rng is None else rng
     sample_key, dropout_key = jax.random.split(key)
+    # right_padded: the loader's rows are one instance, then padding.
     out = self.model.apply(
         {"params": params}, batch["input_ids"], batch["masked_positions"],
         batch["masked_ids"], batch["masked_weights"], batch["token_type_ids"],
         batch["attention_mask"], temperature=self.options.temperature,
-        deterministic=deterministic,
+        deterministic=deterministic, right_padded=True,
         rngs={"sample": sample_key, "dropout": dropout_key})
     return electra_sums(out, batch, self.options)
 

@@ -170,10 +170,13 @@ class MaskedLMObjective:
   objective); only a model with the sentence head has a term for them.
   """
 
-  def __init__(self, model):
-    """`model`: an `albert.Albert` with the "mlm" head."""
+  def __init__(self, model, right_padded: bool = False):
+    """`model`: an `albert.Albert` with the "mlm" head; `right_padded`: the
+    batches' rows are one instance then padding (`Albert`'s promise of that
+    name), as the pre-training loader writes them."""
     self.model = model
     self.sentence_task = "sop" in model.heads
+    self.right_padded = right_padded
 
   def sums(self, params, batch: Batch, rng, deterministic: bool) -> Sums:
     # Positions from the attention mask, not the ids: a masked token that
@@ -184,7 +187,7 @@ class MaskedLMObjective:
         {"params": params}, batch["input_ids"], batch["token_type_ids"],
         batch["attention_mask"], position_ids=positions,
         masked_positions=batch["masked_positions"],
-        deterministic=deterministic,
+        deterministic=deterministic, right_padded=self.right_padded,
         rngs=None if deterministic else {"dropout": rng})
     sums = mlm_sums(out["mlm_logits"], batch["masked_ids"],
                     batch["masked_weights"])
@@ -208,14 +211,17 @@ class CausalLMObjective:
   """GPT-1's next-token objective: Σ lm_loss_sum / lm_count over the whole
   batch, each token predicting the next within its own packed segment."""
 
-  def __init__(self, model):
-    """`model`: an `albert.Albert` with `causal` set and the "lm" head."""
+  def __init__(self, model, right_padded: bool = False):
+    """`model`: an `albert.Albert` with `causal` set and the "lm" head;
+    `right_padded` as `MaskedLMObjective`'s."""
     self.model = model
+    self.right_padded = right_padded
 
   def sums(self, params, batch: Batch, rng, deterministic: bool) -> Sums:
     out = self.model.apply(
         {"params": params}, batch["input_ids"], batch["token_type_ids"],
         batch["attention_mask"], deterministic=deterministic,
+        right_padded=self.right_padded,
         rngs=None if deterministic else {"dropout": rng})
     labels, weights = lm_targets(batch["input_ids"], batch["attention_mask"])
     return lm_sums(out["lm_logits"], labels, weights)

@@ -204,12 +204,16 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
     _check_causal(config, cfg)
     model = albert_lib.Albert(cfg, heads=("lm",))
     return RunSpec(kind=name, heads=("lm",), model=model,
-                   objective=objectives.CausalLMObjective(model),
+                   objective=objectives.CausalLMObjective(
+                       model, right_padded=True),
                    num_predictions=0, **common)
   heads = sentence_heads(config.data.get("objective", "sop"))
   model = albert_lib.Albert(cfg, heads=heads)
+  # The loader writes one instance per row, then padding
+  # (data/loader.py), which lets attention take row lengths.
   return RunSpec(kind=name, heads=heads, model=model,
-                 objective=objectives.MaskedLMObjective(model),
+                 objective=objectives.MaskedLMObjective(model,
+                                                        right_padded=True),
                  num_predictions=preds, **common)
 
 

@@ -107,6 +107,10 @@ def test_masking_invariants(data_dir, vocab, tok):
       w = batch["masked_weights"][row] > 0
       pos = batch["masked_positions"][row][w]
       assert batch["attention_mask"][row].sum() == n
+      # One instance, then padding: what the pre-training objectives
+      # promise attention (right_padded=True, which takes row lengths).
+      np.testing.assert_array_equal(batch["attention_mask"][row],
+                                    (np.arange(len(ids)) < n).astype(int))
       np.testing.assert_array_equal(batch["token_type_ids"][row, :n],
                                     inst.token_type_ids)
       assert (ids[n:] == tok.pad_id).all()

@@ -541,3 +541,26 @@ def test_unknown_head_is_refused():
   with pytest.raises(ValueError, match="Unknown heads"):
     jax.eval_shape(Albert(tiny(), heads=("mlm", "nsp")).init,
                    jax.random.PRNGKey(0), jnp.asarray(IDS))
+
+
+def test_right_padded_refuses_rows_that_are_not():
+  """`right_padded=True` is a promise attention relies on (cuDNN takes row
+  lengths): a concrete mask that breaks it is refused, naming the row;
+  one that keeps it computes what the plain call does."""
+  model = Albert(tiny())
+  params = {"params": random_params(tiny())}
+  packed = np.asarray([[1, 1, 1, 0, 0, 0, 0], [1, 1, 2, 2, 0, 0, 0]])
+  with pytest.raises(ValueError, match=r"row 1 of attention_mask is not one "
+                     r"sequence followed by padding"):
+    model.apply(params, jnp.asarray(IDS), attention_mask=packed,
+                right_padded=True)
+  holes = np.asarray([[1, 1, 0, 1, 0, 0, 0], [1] * LENGTH])
+  with pytest.raises(ValueError, match="row 0"):
+    model.apply(params, jnp.asarray(IDS), attention_mask=holes,
+                right_padded=True)
+  padded = np.asarray([[1, 1, 1, 1, 0, 0, 0], [1] * LENGTH])
+  promised = model.apply(params, jnp.asarray(IDS), attention_mask=padded,
+                         right_padded=True)
+  plain = model.apply(params, jnp.asarray(IDS), attention_mask=padded)
+  np.testing.assert_array_equal(promised["sequence_output"],
+                                plain["sequence_output"])

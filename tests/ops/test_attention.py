@@ -328,3 +328,79 @@ def test_kernels_run_per_shard_under_a_mesh(tmp_path):
   for r in results:
     assert r["diff"] <= 1e-6
     assert "cannot run under a multi-device mesh" in r["pallas_error"]
+
+
+def _gpu_compiled_attention(right_padded: bool, impl: str = "cudnn") -> str:
+  """HLO of attention over right-padded rows, compiled for an H100 here."""
+  from albert_jax.tools import topology  # pylint: disable=g-import-not-at-top
+  mesh = jax.sharding.Mesh(topology.devices("h100"), ("data",))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  q = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16, sharding=whole)
+  ids = jax.ShapeDtypeStruct((2, 128), jnp.int32, sharding=whole)
+
+  def loss(q, ids):
+    out = attention.dot_product_attention(
+        q, q, q, segment_ids=ids, impl=impl, right_padded=right_padded,
+        deterministic=False)
+    return jnp.sum(out.astype(jnp.float32))
+
+  with topology.gpu_lowering("h100"), jax.set_mesh(mesh):
+    return jax.jit(jax.grad(loss)).lower(q, ids).compile().as_text()
+
+
+@pytest.mark.skipif(
+    not __import__("albert_jax.tools.topology", fromlist=["x"])
+    .gpu_plugin_available(), reason="no CUDA plugin (the gpu_aot extra)")
+def test_right_padded_rows_give_cudnn_lengths_not_a_bias():
+  """`right_padded`: cuDNN's padding mask from row lengths, no dense
+  [B, 1, T, T] bias to build, read or differentiate; without it, the
+  mask becomes a bias (forward and backward)."""
+  lengths = _gpu_compiled_attention(True)
+  assert '"mask_type":"PADDING"' in lengths.replace(" ", "")
+  assert "__cudnn$fmhaSoftmax\"" in lengths
+  assert "__cudnn$fmhaSoftmaxBackward\"" in lengths
+  assert "Bias" not in "".join(
+      line for line in lengths.splitlines() if "custom_call_target" in line)
+  bias = _gpu_compiled_attention(False)
+  assert "__cudnn$fmhaScaleBiasSoftmax\"" in bias
+  assert "bf16[2,1,128,128]" in bias
+
+
+def test_right_padded_is_the_same_attention_on_xla():
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 8, 2, 16)), jnp.float32)
+             for _ in range(3))
+  ids = jnp.asarray([[1] * 5 + [0] * 3, [1] * 8], jnp.int32)
+  plain = attention.dot_product_attention(q, k, v, segment_ids=ids,
+                                          impl="xla")
+  promised = attention.dot_product_attention(q, k, v, segment_ids=ids,
+                                             impl="xla", right_padded=True)
+  np.testing.assert_array_equal(promised, plain)
+  assert not np.any(np.asarray(promised)[0, 5:])
+
+
+@pytest.mark.parametrize("seq, training, segments, right_padded, chosen", [
+    # The measured table (ops/hopper_rates.py): Pallas's segment ids beat
+    # cuDNN's bias or lengths at s128; cuDNN with lengths wins at s512 with
+    # segment ids, Pallas without any mask in inference (83.6 vs 74.9 fwd);
+    # a dense bias loses to Pallas at s512.
+    (128, True, True, True, "pallas"),
+    (512, True, True, True, "cudnn"),
+    (512, False, True, True, "cudnn"),
+    (512, False, False, False, "pallas"),
+    (512, True, True, False, "pallas"),
+    (2048, True, False, False, "cudnn"),
+])
+def test_auto_on_hopper_follows_the_measured_rates(seq, training, segments,
+                                                   right_padded, chosen):
+  q = jnp.zeros((1, seq, 2, 64), jnp.bfloat16)
+  got = attention._choose(  # pylint: disable=protected-access
+      "auto", q, q, q, False, "gpu", segments=segments,
+      right_padded=right_padded, training=training)
+  assert got == chosen
+  # Causal calls and head dims the kernel does not take stay on cuDNN.
+  assert attention._choose("auto", q, q, q, False, "gpu",  # pylint: disable=protected-access
+                           causal=True, segments=segments) == "cudnn"
+  wide = jnp.zeros((1, seq, 2, 96), jnp.bfloat16)
+  assert attention._choose("auto", wide, wide, wide, False, "gpu",  # pylint: disable=protected-access
+                           segments=segments, training=training) == "cudnn"

@@ -252,8 +252,10 @@ def test_dropout_falls_back_to_xla_and_logs_once(caplog):
 
 
 def test_auto_resolution_per_backend(caplog):
-  """auto: the TPU kernel on TPU, cuDNN on GPU, xla on CPU; each only where
-  it takes the inputs, else xla with the reason logged once."""
+  """auto: the TPU kernel on TPU, on GPU the faster of the Mosaic GPU
+  kernel and cuDNN by the measured table (the kernel for short rows), xla
+  on CPU; each only where it takes the inputs, else xla with the reason
+  logged once."""
   choose = attention._choose  # pylint: disable=protected-access
   attention._log_once.cache_clear()  # pylint: disable=protected-access
   f32 = [jnp.zeros((1, 8, 2, 64), jnp.float32)] * 3
@@ -261,7 +263,8 @@ def test_auto_resolution_per_backend(caplog):
   odd = [jnp.zeros((1, 8, 2, 48), jnp.bfloat16)] * 3
   assert choose("auto", *f32, False, "cpu") == "xla"
   assert choose("auto", *f32, False, "tpu") == "pallas"
-  assert choose("auto", *bf16, False, "gpu") == "cudnn"
+  assert choose("auto", *bf16, False, "gpu") == "pallas"
+  assert choose("auto", *bf16, False, "gpu", causal=True) == "cudnn"
   assert choose("pallas", *f32, False, "cpu") == "pallas"
   assert choose("xla", *bf16, False, "tpu") == "xla"
   with caplog.at_level(logging.WARNING, logger=attention.__name__):
