@@ -187,8 +187,13 @@ class Dense(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """[..., *in_shape] → [..., *features]."""
+  def __call__(self, x: jax.Array, add_bias: bool = True):
+    """[..., *in_shape] → [..., *features].
+
+    With `add_bias=False` (and `use_bias`), returns (x·W, bias in the
+    compute dtype) for the caller to add where it fuses better: the same
+    parameters, the same values once added.
+    """
     features = tuple(self.features)
     in_shape = x.shape[-self.contract:]
     kernel = self.param(
@@ -215,6 +220,8 @@ class Dense(nn.Module):
           nn.with_logical_partitioning(nn.initializers.zeros,
                                        tuple(self.axes[self.contract:])),
           features, self.param_dtype)
+      if not add_bias:
+        return y, bias.astype(self.dtype)
       y = y + bias.astype(self.dtype)
     return y
 

@@ -395,3 +395,28 @@ def test_layer_norm_matches_its_formula_in_value_and_gradients(dtype):
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
     np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=rtol,
                                atol=rtol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_formulations_give_the_same_loss_and_gradients(dtype,
+                                                           monkeypatch):
+  """Traced for a GPU, the model takes its GPU formulations (the FFN's
+  first bias added at the activation, the layers unrolled); run here on
+  CPU, they compute what the CPU's do."""
+  cfg = tiny(dtype=dtype, attention_impl="xla")
+  params = jax.jit(init_params(cfg), compiler_options=FAST_COMPILE_OPTIONS)(
+      jax.random.key(0))
+
+  def run():
+    return jax.jit(jax.value_and_grad(loss_fn(cfg)),
+                   compiler_options=FAST_COMPILE_OPTIONS)(params)
+
+  loss, grads = run()
+  monkeypatch.setattr(layers, "compile_platform", lambda: "gpu")
+  loss_gpu, grads_gpu = run()
+  tol = 1e-5 if dtype == "float32" else 5e-2
+  np.testing.assert_allclose(loss_gpu, loss, rtol=tol)
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads))
+  for got, want in zip(jax.tree.leaves(grads_gpu), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tol,
+                               atol=tol * scale)
