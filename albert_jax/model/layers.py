@@ -236,6 +236,32 @@ class Dense(nn.Module):
     return y
 
 
+def _layer_norm_stats(x32, eps):
+  """[..., 1] mean and reciprocal deviation of float32 x over its last
+  axis."""
+  mean = jnp.mean(x32, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+  return mean, jax.lax.rsqrt(var + eps)
+
+
+def _layer_norm_grads(g, normed, rstd, scale, one_pass: bool = False):
+  """LayerNorm's backward in float32: (dx, dscale, dbias) from the output's
+  gradient g, the normalised input and the reciprocal deviation.
+  `one_pass`: both parameter gradients as one variadic reduce (one pass
+  over g and the normalised x instead of two: XLA:GPU then reads them
+  once; the TPU compiler does better with the two sums)."""
+  axes = tuple(range(g.ndim - 1))
+  d_normed = g * scale
+  dx = rstd * (d_normed - jnp.mean(d_normed, axis=-1, keepdims=True)
+               - normed * jnp.mean(d_normed * normed, axis=-1, keepdims=True))
+  if one_pass:
+    dscale, dbias = jax.lax.reduce(
+        (g * normed, g), (np.float32(0), np.float32(0)),
+        lambda a, b: (a[0] + b[0], a[1] + b[1]), axes)
+    return dx, dscale, dbias
+  return dx, jnp.sum(g * normed, axis=axes), jnp.sum(g, axis=axes)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
                 eps: float) -> jax.Array:
@@ -253,9 +279,7 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
 
 
 def _layer_norm_fwd(x, scale, bias, eps):
-  mean = jnp.mean(x, axis=-1, keepdims=True)
-  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-  rstd = jax.lax.rsqrt(var + eps)
+  mean, rstd = _layer_norm_stats(x, eps)
   normed = (x - mean) * rstd
   return normed * scale + bias, (normed, rstd, scale)
 
@@ -263,14 +287,53 @@ def _layer_norm_fwd(x, scale, bias, eps):
 def _layer_norm_bwd(eps, residuals, g):
   del eps
   normed, rstd, scale = residuals
-  axes = tuple(range(g.ndim - 1))
-  d_normed = g * scale
-  dx = rstd * (d_normed - jnp.mean(d_normed, axis=-1, keepdims=True)
-               - normed * jnp.mean(d_normed * normed, axis=-1, keepdims=True))
-  return dx, jnp.sum(g * normed, axis=axes), jnp.sum(g, axis=axes)
+  return _layer_norm_grads(g, normed, rstd, scale)
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _layer_norm_gpu(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                    eps: float, dtype) -> jax.Array:
+  """`_layer_norm` for XLA:GPU: any input dtype in, `dtype` out.
+
+  The casts to and from float32 are inside the rule, so that the backward
+  pass writes the input's gradient once, in the input's dtype; the
+  residuals are x itself in its own dtype (bfloat16 in a bfloat16 model:
+  half the bytes of a float32 normalised x) and the [..., 1] mean and
+  reciprocal deviation, read from memory (an optimisation barrier: else
+  XLA recomputes the statistics inside every backward kernel that needs
+  them, a row reduction that keeps the parameter gradients' column
+  reduction out of those kernels). On an H100, ALBERT-large at seq 512,
+  batch 32: LayerNorm's HBM traffic 30.7 → 20.4 GB a step. On one v5e chip
+  the same rule costs 7.6 GB a step more than `_layer_norm`, so TPUs (and
+  CPUs) keep that one.
+  """
+  return _layer_norm_gpu_fwd(x, scale, bias, eps, dtype)[0]
+
+
+def _layer_norm_gpu_fwd(x, scale, bias, eps, dtype):
+  f32 = jnp.float32
+  x32 = x.astype(f32)
+  mean, rstd = _layer_norm_stats(x32, eps)
+  y = (x32 - mean) * rstd * scale.astype(f32) + bias.astype(f32)
+  x, mean, rstd = jax.lax.optimization_barrier((x, mean, rstd))
+  return y.astype(dtype), (x, mean, rstd, scale, bias)
+
+
+def _layer_norm_gpu_bwd(eps, dtype, residuals, g):
+  del eps, dtype
+  x, mean, rstd, scale, bias = residuals
+  f32 = jnp.float32
+  normed = (x.astype(f32) - mean) * rstd
+  dx, dscale, dbias = _layer_norm_grads(g.astype(f32), normed, rstd,
+                                        scale.astype(f32), one_pass=True)
+  return (dx.astype(x.dtype), dscale.astype(scale.dtype),
+          dbias.astype(bias.dtype))
+
+
+_layer_norm_gpu.defvjp(_layer_norm_gpu_fwd, _layer_norm_gpu_bwd)
 
 
 class LayerNorm(nn.Module):
@@ -278,7 +341,7 @@ class LayerNorm(nn.Module):
 
   The official eps is 1e-12, which underflows in bfloat16; normalising in
   float32 keeps it meaningful. The backward pass keeps one array of the
-  input's size (`_layer_norm`), not three.
+  input's size (`_layer_norm`; on GPU `_layer_norm_gpu`), not three.
   """
   eps: float = 1e-12
   axis_name: str = "embed"
@@ -297,6 +360,8 @@ class LayerNorm(nn.Module):
         "bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                              (self.axis_name,)),
         (features,), self.param_dtype)
+    if compile_platform() == "gpu":
+      return _layer_norm_gpu(x, scale, bias, self.eps, jnp.dtype(self.dtype))
     f32 = jnp.float32
     y = _layer_norm(x.astype(f32), scale.astype(f32), bias.astype(f32),
                     self.eps)

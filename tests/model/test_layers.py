@@ -408,12 +408,52 @@ def test_layer_norm_matches_its_formula_in_value_and_gradients(dtype):
                                atol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_layer_norm_matches_the_formula_and_keeps_its_input(dtype):
+  """`_layer_norm_gpu`: the same values and gradients as the formula, the
+  input's gradient in the input's dtype, and x itself (not a float32
+  normalised copy) kept for the backward pass."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(3, 5, 16)) * 3 + 1, dtype)
+  scale = jnp.asarray(rng.normal(size=16), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=16), jnp.float32)
+
+  def formula(x, scale, bias):
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + 1e-12) * scale + bias
+    return y.astype(dtype)
+
+  rule = lambda x, s, b: layers._layer_norm_gpu(x, s, b, 1e-12, dtype)  # noqa
+  def run(fn):
+    loss = lambda *a: jnp.sum(jnp.sin(fn(*a).astype(jnp.float32)))  # noqa
+    return jax.jit(lambda *a: (fn(*a), jax.grad(loss, argnums=(0, 1, 2))(
+        *a)))(x, scale, bias)
+
+  (y, grads), (y_ref, grads_ref) = run(rule), run(formula)
+  np.testing.assert_array_equal(np.float32(y), np.float32(y_ref))
+  assert [g.dtype for g in grads] == [dtype, jnp.float32, jnp.float32]
+  rtol = 1e-5 if dtype == jnp.float32 else 1e-2
+  for got, want in zip(grads, grads_ref):
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=rtol,
+                               atol=rtol)
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda x: jnp.sum(rule(x, scale, bias).astype(jnp.float32)), x)
+  kept = [line.split(" ")[0] for line in out.getvalue().splitlines()]
+  wide = [k for k in kept if k.endswith("[3,5,16]")]
+  assert wide == [f"{'bf16' if dtype == jnp.bfloat16 else 'f32'}[3,5,16]"]
+  assert "f32[3,5,1]" in kept
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_formulations_give_the_same_loss_and_gradients(dtype,
                                                            monkeypatch):
-  """Traced for a GPU, the model takes its GPU formulations (the FFN's
-  first bias added at the activation, the layers unrolled); run here on
-  CPU, they compute what the CPU's do."""
+  """Traced for a GPU, the model takes its GPU formulations (LayerNorm
+  keeping its input, the FFN's first bias added at the activation, the
+  layers unrolled); run here on CPU, they compute what the CPU's do."""
   cfg = tiny(dtype=dtype, attention_impl="xla")
   params = jax.jit(init_params(cfg), compiler_options=FAST_COMPILE_OPTIONS)(
       jax.random.key(0))
@@ -424,6 +464,8 @@ def test_gpu_formulations_give_the_same_loss_and_gradients(dtype,
 
   loss, grads = run()
   monkeypatch.setattr(layers, "compile_platform", lambda: "gpu")
+  text = str(jax.make_jaxpr(jax.grad(loss_fn(cfg)))(params))
+  assert "optimization_barrier" in text  # the GPU LayerNorm's residuals
   loss_gpu, grads_gpu = run()
   tol = 1e-5 if dtype == "float32" else 5e-2
   np.testing.assert_allclose(loss_gpu, loss, rtol=tol)
