@@ -114,7 +114,10 @@ class Summary:
     bytes: HBM bytes per step.
     ms: modelled step time.
     mfu: analytic FLOPs / (ms × peak), or None without FLOPs.
-    top: the costliest kernels as (name, category, ms per step, runs).
+    top: the costliest kernels as (what, category, ms per step, launches
+      per step), kernels of one JAX op (an unrolled layer's copies, a
+      loop's iterations) together: "what" is the op's name stack's last
+      parts, or a kernel's name where it has none.
     calibration: the card's calibration line.
     priced: whether times were modelled (a device with a `Card`).
   """
@@ -135,20 +138,24 @@ def summarize(kernels: Iterable[hlo_stats.Kernel], on: Card | None,
   rows = collections.OrderedDict(
       (c, {"kernels": 0, "bytes": 0.0, "ms": 0.0})
       for c in hlo_stats.CATEGORIES)
-  costly = []
+  costly = collections.defaultdict(lambda: [0.0, 0])
   for k in kernels:
     ms = 1e3 * k.runs * seconds(k, on) if on else 0.0
     row = rows[k.category]
     row["kernels"] += k.runs
     row["bytes"] += k.runs * k.bytes
     row["ms"] += ms
-    costly.append((k.name, k.category, ms, k.runs))
+    what = "/".join(k.op_name.split("/")[-3:]) if k.op_name else k.name
+    costly[(what, k.category)][0] += ms
+    costly[(what, k.category)][1] += k.runs
   rows = collections.OrderedDict((c, r) for c, r in rows.items()
                                  if r["kernels"])
   total_ms = sum(r["ms"] for r in rows.values())
   mfu = (analytic_flops / (total_ms / 1e3 * on.peak_flops)
          if on and analytic_flops and total_ms else None)
-  costly.sort(key=lambda row: (-row[2], -row[3]))
+  costly = sorted(((what, category, ms, runs)
+                   for (what, category), (ms, runs) in costly.items()),
+                  key=lambda row: (-row[2], -row[3]))
   return Summary(dict(rows), sum(r["kernels"] for r in rows.values()),
                  sum(r["bytes"] for r in rows.values()), total_ms, mfu,
                  costly[:top],
@@ -175,7 +182,7 @@ def format_summary(summary: Summary, where: str) -> list[str]:
     total += f" {summary.ms:8.2f}   modelled step {summary.ms:.1f} ms{mfu}"
   lines.append(total)
   if timed:
-    lines.append("  costliest kernels (ms per step, launches): " + "; ".join(
+    lines.append("  costliest ops (ms per step, launches): " + "; ".join(
         f"{name} [{category}] {ms:.2f} ({runs})"
         for name, category, ms, runs in summary.top))
   return lines
