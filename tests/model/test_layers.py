@@ -296,14 +296,17 @@ def without_the_changes(spec: str = ALL_CHANGES):
     yield
 
 
-def test_tiny_model_loss_and_gradients_are_unchanged():
-  cfg = tiny()
+def loss_and_grads_fn(cfg):
+  """A function of no arguments: the pre-training loss and its gradients
+  at `init_params(cfg)`, traced (and so formulated) when it is called."""
   params = jax.jit(init_params(cfg), compiler_options=FAST_COMPILE_OPTIONS)(
       jax.random.key(0))
+  return lambda: jax.jit(jax.value_and_grad(loss_fn(cfg)),
+                         compiler_options=FAST_COMPILE_OPTIONS)(params)
 
-  def run():
-    return jax.jit(jax.value_and_grad(loss_fn(cfg)),
-                   compiler_options=FAST_COMPILE_OPTIONS)(params)
+
+def test_tiny_model_loss_and_gradients_are_unchanged():
+  run = loss_and_grads_fn(tiny())
   loss, grads = run()
   with without_the_changes():
     loss_ref, grads_ref = run()
@@ -455,15 +458,10 @@ def test_gpu_formulations_give_the_same_loss_and_gradients(dtype,
   keeping its input, the FFN's first bias added at the activation, the
   layers unrolled); run here on CPU, they compute what the CPU's do."""
   cfg = tiny(dtype=dtype, attention_impl="xla")
-  params = jax.jit(init_params(cfg), compiler_options=FAST_COMPILE_OPTIONS)(
-      jax.random.key(0))
-
-  def run():
-    return jax.jit(jax.value_and_grad(loss_fn(cfg)),
-                   compiler_options=FAST_COMPILE_OPTIONS)(params)
-
+  run = loss_and_grads_fn(cfg)
   loss, grads = run()
   monkeypatch.setattr(layers, "compile_platform", lambda: "gpu")
+  params = jax.eval_shape(init_params(cfg), jax.random.key(0))
   text = str(jax.make_jaxpr(jax.grad(loss_fn(cfg)))(params))
   assert "optimization_barrier" in text  # the GPU LayerNorm's residuals
   loss_gpu, grads_gpu = run()
