@@ -10,17 +10,10 @@ from typing import Any, Callable
 import jax
 
 
-def key_name(key: Any) -> str:
-  """One path entry's name: a dict key, a sequence index or an attribute."""
-  for attr in ("key", "idx", "name"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
-
-
 def path_str(path: tuple, sep: str = "/") -> str:
-  """A `jax.tree_util` key path as "a/b/c"."""
-  return sep.join(key_name(k) for k in path)
+  """A `jax.tree_util` key path as "a/b/c" (dict keys, sequence indices and
+  attribute names, joined by `sep`)."""
+  return jax.tree_util.keystr(path, simple=True, separator=sep)
 
 
 def paths(tree: Any) -> Any:

@@ -36,6 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from albert_jax import storage
 from albert_jax.finetune import conlleval
@@ -279,9 +280,8 @@ class TaggingTask(Task):
     logits = outputs["logits"]
     labels = batch["labels"]
     valid = (labels >= 0).astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None],
-                               axis=-1)[..., 0]
+    nll = optax.softmax_cross_entropy_with_integer_labels(
+        logits, jnp.maximum(labels, 0))
     count = jnp.maximum(jnp.sum(valid, axis=-1), 1.0)
     row_loss = jnp.sum(nll * valid, axis=-1) / count
     right = (jnp.argmax(logits, -1) == labels).astype(jnp.float32) * valid

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from albert_jax.model import electra as electra_model
 from albert_jax.training import objectives
@@ -84,12 +85,6 @@ class ElectraOptions:
     return cls(**values)
 
 
-def _sigmoid_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """TF's sigmoid_cross_entropy_with_logits, stable for any logit."""
-  return (jnp.maximum(logits, 0.0) - logits * labels
-          + jnp.log1p(jnp.exp(-jnp.abs(logits))))
-
-
 def electra_sums(outputs: Mapping[str, jax.Array], batch: Mapping[str, Any],
                  options: ElectraOptions) -> dict[str, jax.Array]:
   """One (micro-)batch's sums from `Electra`'s outputs.
@@ -102,7 +97,8 @@ def electra_sums(outputs: Mapping[str, jax.Array], batch: Mapping[str, Any],
   real = batch["attention_mask"] != 0
   replaced = outputs["fake_ids"] != outputs["original_ids"]
   logits = outputs["rtd_logits"].astype(jnp.float32)
-  bce = _sigmoid_cross_entropy(logits, replaced.astype(jnp.float32))
+  bce = optax.sigmoid_binary_cross_entropy(logits,
+                                           replaced.astype(jnp.float32))
   predicted = logits > 0
   slots = batch["masked_weights"] > 0
   count = lambda x: jnp.sum(x.astype(jnp.float32))  # noqa: E731
