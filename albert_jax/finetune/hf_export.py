@@ -31,6 +31,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.interop import child
 from albert_jax.interop import hf
+from albert_jax.interop import hf_config as hf_config_lib
 
 _SUFFIX = {"classification": "ForSequenceClassification",
            "regression": "ForSequenceClassification",
@@ -97,7 +98,7 @@ def to_hf(model, path: str, model_type: str | None = None) -> None:
   """
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
   cfg = model.model_config
-  model_type = model_type or hf.infer_model_type(cfg, ())
+  model_type = model_type or hf_config_lib.infer_model_type(cfg, ())
   if model_type not in _FAMILY:
     raise ValueError(f"Unknown model_type {model_type!r}; choose one of "
                      f"{tuple(_FAMILY)}.")
@@ -113,7 +114,7 @@ def to_hf(model, path: str, model_type: str | None = None) -> None:
     encoder.pop("pooler", None)
   state = hf.params_to_hf(encoder, cfg, model_type, architecture=arch)
   state.update(head_tensors(model.task_type, model_type, params))
-  config = hf.config_to_hf(cfg, model_type, arch)
+  config = hf_config_lib.config_to_hf(cfg, model_type, arch)
   labels = (list(model.labels) if model.labels is not None else
             ["LABEL_0"] if model.task_type == "regression" else None)
   for key in ("id2label", "label2id"):
@@ -153,8 +154,8 @@ def from_hf(path: str, hf_config: dict, task_type: str, overrides: dict,
   """The fields of a `FineTuned` from an HF task checkpoint's config and
   tensors (the inverse of `to_hf`)."""
   from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  model_type = hf.model_type_of(hf_config)
-  cfg = hf.config_from_hf(hf_config)
+  model_type = hf_config_lib.model_type_of(hf_config)
+  cfg = hf_config_lib.config_from_hf(hf_config)
   if overrides:
     cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
   state = dict(state)

@@ -27,6 +27,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.interop import child
 from albert_jax.interop import hf
+from albert_jax.interop import hf_config as hf_config_lib
 from albert_jax.interop import sources
 from albert_jax.interop import text_inputs
 from albert_jax.interop.hf_files import read_state_dict
@@ -289,7 +290,7 @@ class Pretrained:
           "and ELECTRA classes attend in both directions, so a checkpoint "
           "written for them would silently run a different model.")
     model_type = (model_type or self.model_type
-                  or hf.infer_model_type(cfg, self.heads))
+                  or hf_config_lib.infer_model_type(cfg, self.heads))
     params = jax.tree.map(np.asarray, self.params)
     state = hf.params_to_hf(params, cfg, model_type)
     parts = {h: h in params for h in ("pooler", "mlm", "sop", "rtd")}
@@ -297,7 +298,7 @@ class Pretrained:
     storage.path(path).mkdir(parents=True, exist_ok=True)
     storage.write_atomic(
         child(path, "config.json"),
-        json.dumps(hf.config_to_hf(cfg, model_type, arch), indent=2))
+        json.dumps(hf_config_lib.config_to_hf(cfg, model_type, arch), indent=2))
     storage.write_atomic(child(path, "model.safetensors"),
                          save(state, metadata={"format": "pt"}))
     if self.tokenizer is not None:

@@ -33,6 +33,7 @@ from albert_jax import storage
 from albert_jax.interop import CheckpointError
 from albert_jax.interop import child
 from albert_jax.interop import hf
+from albert_jax.interop import hf_config as hf_config_lib
 from albert_jax.interop import tensor_map
 from albert_jax.interop import tf_checkpoint
 from albert_jax.interop import workdir as workdir_lib
@@ -105,8 +106,8 @@ def load(path: str, step: int | str | None,
         f"with {tf_checkpoint.CONFIG_FILE}.")
   note = f" (with overrides {overrides})" if overrides else ""
   try:
-    hf_config = hf.read_config(path)
-    model_type = hf.model_type_of(hf_config)
+    hf_config = hf_config_lib.read_config(path)
+    model_type = hf_config_lib.model_type_of(hf_config)
     from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
     task_type = hf_export.task_type_of(hf_config)
   except (ValueError, TypeError) as e:
@@ -119,7 +120,7 @@ def load(path: str, step: int | str | None,
       raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
     return predict_lib.FineTuned(tokenizer=_tokenizer(path), **fields)
   try:
-    cfg = hf.config_from_hf(hf_config)
+    cfg = hf_config_lib.config_from_hf(hf_config)
     if overrides:
       cfg = ModelConfig.from_dict({**cfg.to_dict(), **overrides})
   except (ValueError, TypeError) as e:
@@ -146,7 +147,7 @@ def _finish(path: str, model_type: str, *, model_config: ModelConfig,
   heads = tuple(h for h in albert_lib.ALL_HEADS if parts.get(h))
   expected = albert_lib.abstract_params(cfg, parts["pooler"], heads)
   tensor_map.check_shapes(params, expected, source)
-  missing = tuple(p for p in hf.PARTS[model_type] if not parts[p])
+  missing = tuple(p for p in hf_config_lib.PARTS[model_type] if not parts[p])
   params = jax.tree.map(lambda x: jnp.asarray(x, cfg.parameter_dtype), params)
   return dict(model_config=cfg, params=params, tokenizer=_tokenizer(path),
               heads=heads, pooler=parts["pooler"], missing=missing, step=step,

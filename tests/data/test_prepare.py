@@ -157,7 +157,7 @@ def _docs_in(out, files, tok):
 def test_eval_split_holds_whole_documents(tok, tmp_path):
   docs = _self_naming_docs(120, np.random.default_rng(0))
   meta = _run(docs, _config(tok, tmp_path, eval_fraction=0.25, dupe_factor=2))
-  expect_eval = {d for d in range(120) if prep.is_eval_document(d, 0.25)}
+  expect_eval = {d for d in range(120) if shards.is_eval_document(d, 0.25)}
   assert 10 < len(expect_eval) < 50
   per_split = {}
   for split, s in meta["splits"].items():

@@ -17,6 +17,7 @@ import optax
 import pytest
 
 from albert_jax import config_lib
+from albert_jax.finetune import registry
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import start as start_lib
 from albert_jax.finetune import task as task_lib
@@ -345,7 +346,7 @@ def test_run_starts_from_the_pretrained_lm_head_and_logs_lm_loss(
     tmp_path, monkeypatch, fast_compile):
   pre = write_workdir(tmp_path / "gpt", True, fast_compile)
   assert set(pre["lm"]) == {"transform"}  # more than the tied table
-  monkeypatch.setattr(ft.registry, "make_task", lambda name, data: ToyTask())
+  monkeypatch.setattr(registry, "make_task", lambda name, data: ToyTask())
   placed = {}
   place = start_lib.place_encoder
 
@@ -386,7 +387,7 @@ def test_missing_lm_head_is_refused_not_initialised():
 
 
 def test_bidirectional_model_is_refused(tmp_path, monkeypatch, fast_compile):
-  monkeypatch.setattr(ft.registry, "make_task", lambda name, data: ToyTask())
+  monkeypatch.setattr(registry, "make_task", lambda name, data: ToyTask())
   write_workdir(tmp_path / "albert", False, fast_compile)
   config = finetune_config(tmp_path / "albert", lm_aux_weight=LAMBDA)
   with pytest.raises(ValueError, match=r"needs a causal \(GPT\) model.*"
@@ -405,7 +406,7 @@ def test_bidirectional_model_is_refused(tmp_path, monkeypatch, fast_compile):
 
 def test_bad_weights_are_refused(tmp_path, monkeypatch):
   """Refused before the checkpoint (here a missing one) is even read."""
-  monkeypatch.setattr(ft.registry, "make_task", lambda name, data: ToyTask())
+  monkeypatch.setattr(registry, "make_task", lambda name, data: ToyTask())
   config = finetune_config(tmp_path / "nowhere", lm_aux_weight=-0.5)
   with pytest.raises(ValueError, match="lm_aux_weight must be a number >= 0"):
     ft.run(config, str(tmp_path / "ft"))

@@ -16,6 +16,7 @@ import pytest
 from albert_jax import config_lib
 from albert_jax import sharding as sharding_lib
 from albert_jax.finetune import batching
+from albert_jax.finetune import registry
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import start as start_lib
 from albert_jax.finetune import task as task_lib
@@ -128,7 +129,7 @@ def toy_config(**overrides):
 @pytest.fixture
 def toy(monkeypatch):
   task = ToyTask()
-  monkeypatch.setattr(ft.registry, "make_task", lambda name, data: task)
+  monkeypatch.setattr(registry, "make_task", lambda name, data: task)
   return task
 
 
@@ -210,7 +211,7 @@ def test_predictions_come_from_the_best_step_not_the_last(monkeypatch,
   for the predictions and final metrics. With keep_checkpoints=1 only the
   best-metric retention keeps that checkpoint."""
   task = PeakTask()
-  monkeypatch.setattr(ft.registry, "make_task", lambda name, data: task)
+  monkeypatch.setattr(registry, "make_task", lambda name, data: task)
   result = ft.run(toy_config(keep_checkpoints=1), str(tmp_path))
   assert (result["step"], result["best_step"]) == (24, 16)
   assert checkpoints.available_steps(str(tmp_path)) == [16, 24]
@@ -247,7 +248,7 @@ def test_task_objective_accumulation_matches_one_batch(toy, fast_compile):
   model_config = ModelConfig.from_dict(
       {k: v for k, v in cfg.model.items() if v is not None})
   model = task_lib.FineTuneModel(model_config, toy.head(model_config))
-  objective = ft.TaskObjective(model, toy)
+  objective = task_lib.TaskObjective(model, toy)
   batch = {**toy_features(8, 5), "weights": np.ones(8, np.float32)}
   batch["weights"][-2:] = 0.0  # padding rows count for nothing
   params = nn.meta.unbox(jax.jit(model.init, compiler_options=fast_compile)(

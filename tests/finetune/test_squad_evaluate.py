@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from albert_jax.finetune.squad import evaluate as se
+from albert_jax.finetune.squad import official
 
 # "alpha beta gamma delta epsilon", read through two windows of three context
 # tokens (stride 2): [CLS] q [SEP] w0 w1 w2 [SEP] pad.
@@ -143,10 +144,10 @@ def test_beam_answers():
 
 
 def test_normalize_answer():
-  assert se.normalize_answer("The  Quick, brown-fox!") == "quick brownfox"
-  assert se.normalize_answer("An apple a day") == "apple day"
-  assert se.normalize_answer("theatre") == "theatre"  # whole words only
-  assert se.normalize_answer("¡Olé!") == "¡olé"  # ASCII punctuation only
+  assert official.normalize_answer("The  Quick, brown-fox!") == "quick brownfox"
+  assert official.normalize_answer("An apple a day") == "apple day"
+  assert official.normalize_answer("theatre") == "theatre"  # whole words only
+  assert official.normalize_answer("¡Olé!") == "¡olé"  # ASCII punctuation only
 
 
 def test_squad_v1_metrics():
@@ -155,24 +156,24 @@ def test_squad_v1_metrics():
   preds = {"q1": "the Eiffel Tower", "q2": "Paris, France", "q3": "in 1999"}
   # q1 exact (articles); q2 F1 2/3 (P 1/2, R 1); q3 best gold is the second:
   # P 2/2, R 2/3 → F1 0.8.
-  got = se.squad_v1_metrics(preds, golds)
+  got = official.squad_v1_metrics(preds, golds)
   assert got == {"exact_match": pytest.approx(100 / 3),
                  "f1": pytest.approx(100 * (1 + 2 / 3 + 0.8) / 3)}
   # An unanswered question counts, with 0.
   golds["q4"] = ["anything"]
-  got = se.squad_v1_metrics(preds, golds)
+  got = official.squad_v1_metrics(preds, golds)
   assert got == {"exact_match": pytest.approx(25.0),
                  "f1": pytest.approx(100 * (1 + 2 / 3 + 0.8) / 4)}
 
 
 def test_v2_raw_scores_empty_golds():
   golds = {"a": ["red", "dark red"], "n": [], "t": ["The"]}
-  exact, f1 = se.raw_scores_v2({"a": "red wine", "n": "", "t": "a"}, golds)
+  exact, f1 = official.raw_scores_v2({"a": "red wine", "n": "", "t": "a"}, golds)
   # "red wine" vs "red": P 1/2, R 1; vs "dark red": P 1/2, R 1/2.
   assert exact == {"a": 0.0, "n": 1.0, "t": 1.0}
   assert f1 == {"a": pytest.approx(2 / 3), "n": 1.0, "t": 1.0}
   # A non-empty answer to an unanswerable question scores 0.
-  assert se.raw_scores_v2({"n": "red"}, golds) == ({"n": 0.0}, {"n": 0.0})
+  assert official.raw_scores_v2({"n": "red"}, golds) == ({"n": 0.0}, {"n": 0.0})
 
 
 V2_GOLDS = {"a": ["red"], "b": ["blue sky"], "c": [], "d": []}
@@ -181,18 +182,18 @@ V2_ODDS = {"a": -2.0, "b": 0.5, "c": 1.0, "d": 2.0}
 
 
 def test_find_best_thresh():
-  exact, f1 = se.raw_scores_v2(V2_BEST, V2_GOLDS)
+  exact, f1 = official.raw_scores_v2(V2_BEST, V2_GOLDS)
   has = {q: bool(v) for q, v in V2_GOLDS.items()}
   # All null scores 2 (c, d). In increasing odds: a +1 → 3 (thresh -2),
   # b +2/3 → 11/3 (thresh 0.5), c -1, d -1.
-  assert se.find_best_thresh(V2_BEST, f1, V2_ODDS, has) == (
+  assert official.find_best_thresh(V2_BEST, f1, V2_ODDS, has) == (
       pytest.approx(100 * 11 / 12), 0.5)
   # Exact: b adds 0, so the best stays after a.
-  assert se.find_best_thresh(V2_BEST, exact, V2_ODDS, has) == (75.0, -2.0)
+  assert official.find_best_thresh(V2_BEST, exact, V2_ODDS, has) == (75.0, -2.0)
 
 
 def test_tune_null_threshold_rewrites_predictions():
-  metrics, final = se.tune_null_threshold(V2_BEST, V2_ODDS, V2_GOLDS)
+  metrics, final = official.tune_null_threshold(V2_BEST, V2_ODDS, V2_GOLDS)
   assert final == {"a": "red", "b": "sky", "c": "", "d": ""}
   assert metrics == {
       "exact": 75.0, "f1": pytest.approx(100 * 11 / 12), "total": 4,
@@ -203,7 +204,7 @@ def test_tune_null_threshold_rewrites_predictions():
 
 
 def test_squad_v2_metrics_without_unanswerable():
-  got = se.squad_v2_metrics({"a": "red"}, {"a": ["red"]})
+  got = official.squad_v2_metrics({"a": "red"}, {"a": ["red"]})
   assert got == {"exact": 100.0, "f1": 100.0, "total": 1,
                  "HasAns_exact": 100.0, "HasAns_f1": 100.0, "HasAns_total": 1}
 
@@ -215,7 +216,7 @@ def test_all_null_best_rewrites_every_answer():
   golds = {"a": ["red"], "c": []}
   best = {"a": "blue", "c": "green"}
   odds = {"a": -5.0, "c": -4.0}
-  metrics, final = se.tune_null_threshold(best, odds, golds)
+  metrics, final = official.tune_null_threshold(best, odds, golds)
   assert final == {"a": "", "c": ""}
   assert (metrics["best_f1"], metrics["best_f1_thresh"]) == (50.0, 0.0)
   assert metrics["f1"] == metrics["best_f1"] == 50.0

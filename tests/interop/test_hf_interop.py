@@ -34,11 +34,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from albert_jax.interop import hf
-from albert_jax.interop.hf_config import CONFIG_KEYS
 from albert_jax.interop import CheckpointError
-from albert_jax.interop.pretrained import load_pretrained
+from albert_jax.interop import hf_config as hf_config_lib
+from albert_jax.interop.hf_config import CONFIG_KEYS
 from albert_jax.interop.pretrained import Pretrained
+from albert_jax.interop.pretrained import load_pretrained
 from albert_jax.model import albert as albert_lib
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
@@ -435,7 +435,7 @@ def test_bad_config(zoo, tmp_path, changes, expected):
 def test_config_defaults_follow_transformers():
   """Keys a config.json omits take AlbertConfig's defaults, not ours; a
   config from before `model_type` existed is recognised by its class."""
-  cfg = hf.config_from_hf({"architectures": ["AlbertForMaskedLM"],
+  cfg = hf_config_lib.config_from_hf({"architectures": ["AlbertForMaskedLM"],
                            "classifier_dropout_prob": None})
   reference = transformers.AlbertConfig()
   for key in CONFIG_KEYS["albert"]:
@@ -446,7 +446,7 @@ def test_v1_gelu_runs_as_transformers_runs_it():
   """HF's v1 configs say "gelu", which transformers runs as the erf form
   (the official TF code's "gelu" is the tanh form, up to 4.7e-4 away): an HF
   v1 checkpoint runs erf here too, for parity with transformers."""
-  cfg = hf.config_from_hf({"model_type": "albert", "hidden_act": "gelu",
+  cfg = hf_config_lib.config_from_hf({"model_type": "albert", "hidden_act": "gelu",
                            "hidden_dropout_prob": 0.1,
                            "attention_probs_dropout_prob": 0.1})
   assert cfg.hidden_act == "gelu"

@@ -29,7 +29,7 @@ from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import pipeline
 from albert_jax.data.row_random import row_keys
-from albert_jax.interop import hf
+from albert_jax.interop import hf_config as hf_config_lib
 from albert_jax.text import run_tokenizer
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
@@ -396,7 +396,7 @@ def test_roberta_base_is_hf_roberta_base():
   c = _config()
   cfg = ModelConfig.from_dict(c.model)
   hf_config = transformers.RobertaConfig(
-      **hf.config_to_hf(cfg, "roberta", "RobertaForMaskedLM"))
+      **hf_config_lib.config_to_hf(cfg, "roberta", "RobertaForMaskedLM"))
   for key, value in dict(vocab_size=50265, hidden_size=768,
                          num_hidden_layers=12, num_attention_heads=12,
                          intermediate_size=3072, hidden_act="gelu",

@@ -329,10 +329,10 @@ class SquadTask(Task):
     """(metrics, final predictions) of a split; v2.0 tunes the threshold."""
     golds = dict(zip(split.examples.ids, split.examples.answers))
     if not self.version_2:
-      return squad_eval.squad_v1_metrics(answers.best, golds), answers.best
+      return official.squad_v1_metrics(answers.best, golds), answers.best
     self.null_threshold = official.null_threshold(
         answers.best, answers.null_odds, golds)
-    return squad_eval.tune_null_threshold(answers.best, answers.null_odds,
+    return official.tune_null_threshold(answers.best, answers.null_odds,
                                           golds)
 
   def describe(self) -> dict:
