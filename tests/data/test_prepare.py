@@ -241,13 +241,19 @@ def test_other_objectives(objective, tok, tmp_path):
     assert set(labels) == {0, 1} and set(seps) == {2}
 
 
-def test_rerun_replaces_old_shards(tok, tmp_path):
+def test_rerun_with_other_parameters_is_refused_or_replaces(tok, tmp_path):
   docs = _self_naming_docs(40, np.random.default_rng(3))
   _run(docs, _config(tok, tmp_path, docs_per_block=4))
-  meta = _run(docs, _config(tok, tmp_path, docs_per_block=100))
-  on_disk = sorted(p for p in os.listdir(tmp_path) if p != "dataset.json")
+  with pytest.raises(ValueError, match=r"other parameters \(changed: "
+                     r"recipe.docs_per_block;.*--overwrite"):
+    _run(docs, _config(tok, tmp_path, docs_per_block=100))
+  meta = _run(docs, _config(tok, tmp_path, docs_per_block=100),
+              overwrite=True)
+  on_disk = sorted(p for p in os.listdir(tmp_path)
+                   if p.endswith(".arrayrecord"))
   assert on_disk == sorted(meta["splits"]["train"]["files"]
                            + meta["splits"]["eval"]["files"])
+  assert os.listdir(tmp_path / "units") == ["unit-00000.json"]
 
 
 def test_blocks_stream_lazily():
