@@ -157,10 +157,11 @@ def write_record(output_dir: str, unit: Unit,
        "read": dataclasses.asdict(read)}, indent=1))
 
 
-def finished(output_dir: str, unit: int) -> dict[str, Any] | None:
-  """Unit `unit`'s record if it and every shard it lists check out (shard
-  present, of its recorded size and number of records); None otherwise,
-  and the unit is redone."""
+def finished(output_dir: str, unit: int, check: bool = True
+             ) -> dict[str, Any] | None:
+  """Unit `unit`'s record if it and (with `check`) every shard it lists
+  check out (shard present, of its recorded size and number of records);
+  None otherwise, and the unit is redone."""
   path = record_path(output_dir, unit)
   if not path.is_file():
     return None
@@ -171,7 +172,7 @@ def finished(output_dir: str, unit: int) -> dict[str, Any] | None:
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     log.warning("%s is damaged (%s); preparing unit %d again.", path, e, unit)
     return None
-  for shard in shards:
+  for shard in shards if check else ():
     where = storage.path(output_dir) / shard["name"]
     problem = _shard_problem(where, shard)
     if problem:
