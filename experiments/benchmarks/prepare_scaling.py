@@ -20,7 +20,9 @@ and instances each host prepared. Reported per host and per worker:
 documents/s, MB/s and instances/s (a host's count over its wall time; per
 worker = per host / W), the aggregate MB/s (all text over the slowest
 host's time), and the peak RSS of a host's main process and of its largest
-worker, and the machine's load average before/after each row (on shared
+worker, the CPU seconds all processes used and the text prepared per
+CPU-second (MB/CPU-s: one core's throughput, whatever else runs on the
+machine), and the machine's load average before/after each row (on shared
 cores, how much of a core each process really had). The claim to check: peak memory stays flat as the corpus grows
 (a block of --docs_per_block documents in flight per worker, never the
 corpus), and throughput grows with workers and hosts while cores are free.
@@ -52,13 +54,16 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = REPO / "albert_jax" / "data" / "bundled" / "corpus" / "sotu.txt.gz"
 CACHE = pathlib.Path(tempfile.gettempdir()) / "albert_jax_bench_cache"
 
-# Runs one host and prints its peak RSS (KiB) and its workers' largest.
+# Runs one host and prints its peak RSS (KiB) and its workers' largest, and
+# the CPU seconds (user + system) of the host and of its workers together.
 _WRAPPER = """
 import resource, sys
 from albert_jax.data import prepare
 code = prepare.main(sys.argv[1:])
-print("RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+me = resource.getrusage(resource.RUSAGE_SELF)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+print("RSS", me.ru_maxrss, kids.ru_maxrss, me.ru_utime + me.ru_stime,
+      kids.ru_utime + kids.ru_stime, flush=True)
 sys.exit(code)
 """
 
@@ -140,7 +145,7 @@ def run_hosts(corpus: pathlib.Path, out: pathlib.Path, spm: str,
            if line.startswith("RSS ")][-1]
     hosts.append({"wall_s": wall, "rss_main_mb": int(rss[1]) / 1024,
                   "rss_worker_mb": int(rss[2]) / 1024 if workers > 1
-                  else None,
+                  else None, "cpu_s": float(rss[3]) + float(rss[4]),
                   "documents": 0, "bytes": 0, "instances": 0})
   sizes = {p.name: p.stat().st_size for p in corpus.glob("part-*.txt")}
   for path in sorted((out / "units").glob("unit-*.json")):
@@ -169,6 +174,11 @@ def summarise(size_mb, processes, workers, result) -> dict:
       "inst_per_s_worker": round(per_host["instances"] / workers, 0),
       "mb_per_s_total": round(sum(h["bytes"] for h in hosts) / 1e6 / wall,
                               3),
+      # Text per CPU-second: what one core does, however many processes
+      # shared the machine's cores.
+      "mb_per_cpu_s": round(sum(h["bytes"] for h in hosts) / 1e6
+                            / sum(h["cpu_s"] for h in hosts), 3),
+      "cpu_s": round(sum(h["cpu_s"] for h in hosts), 1),
       "peak_rss_main_mb": round(max(h["rss_main_mb"] for h in hosts), 1),
       "peak_rss_worker_mb": (round(max(h["rss_worker_mb"] for h in hosts),
                                    1) if workers > 1 else None),
@@ -196,6 +206,7 @@ def main(argv=None) -> int:
   header = (f"{'MB':>6} {'P':>2} {'W':>2} {'wall s':>8} {'docs/s/host':>11} "
             f"{'docs/s/wkr':>10} {'MB/s/host':>9} {'MB/s/wkr':>8} "
             f"{'inst/s/host':>11} {'inst/s/wkr':>10} {'MB/s all':>8} "
+            f"{'CPU s':>7} {'MB/CPUs':>7} "
             f"{'RSS main':>8} {'RSS wkr':>7} {'load':>9}")
   print(header, flush=True)
   try:
@@ -225,6 +236,7 @@ def main(argv=None) -> int:
                 f"{row['inst_per_s_host']:>11.0f} "
                 f"{row['inst_per_s_worker']:>10.0f} "
                 f"{row['mb_per_s_total']:>8.3f} "
+                f"{row['cpu_s']:>7.1f} {row['mb_per_cpu_s']:>7.3f} "
                 f"{row['peak_rss_main_mb']:>8.0f} "
                 f"{'-' if wkr is None else f'{wkr:.0f}':>7} "
                 f"{row['load_before']:>4.1f}/{row['load_after']:<4.1f}",

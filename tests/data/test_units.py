@@ -10,15 +10,18 @@ units each.
 import gzip
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
 from array_record.python import array_record_module
+from locations import REPO
 import numpy as np
 import pytest
 
+from albert_jax import storage
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import prepare as prep
@@ -254,3 +257,62 @@ def test_copies_expectation():
   assert abs(np.mean(counts) - 1.7) < 0.03
   assert [shards.copies(i, 2.0, 3) for i in range(5)] == [2] * 5
   assert counts == [shards.copies(i, 1.7, 3) for i in range(4000)]
+
+
+def _readme_per_host_command() -> tuple[list[str], list[str]]:
+  """The README's per-host prepare line: (tpu_setup.sh argv, prepare's
+  flags on each worker)."""
+  text = (REPO / "README.md").read_text(encoding="utf-8")
+  block = text[text.index("<!-- per-host-prepare"):]
+  block = block[block.index("```bash\n") + len("```bash\n"):]
+  argv = shlex.split(block[:block.index("```")].replace("\\\n", " "))
+  remote = shlex.split(argv[argv.index("--") + 1])
+  assert remote[:6] == ["cd", "albert_jax", "&&", ".venv/bin/python", "-m",
+                        "albert_jax.data.prepare"]
+  return argv, remote[6:]
+
+
+def test_readme_per_host_command_on_three_hosts_in_cloud_storage(
+    gcs_bucket, corpus, tiny_spm, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  argv, flags = _readme_per_host_command()
+  dry = subprocess.run(["bash", str(REPO / "tpu_setup.sh"), "--dry_run",
+                        *argv[2:]], capture_output=True, text=True,
+                       check=False)
+  assert dry.returncode == 0, dry.stderr
+  assert "--worker=all" in dry.stdout
+  assert shlex.quote(argv[argv.index("--") + 1]) in dry.stdout
+  assert "--distributed" in flags
+  local = os.path.dirname(corpus)
+  for k, path in enumerate(sorted(os.listdir(local))):
+    with open(os.path.join(local, path), "rb") as f:
+      data = f.read()
+    storage.write_atomic(f"{gcs_bucket}/corpus/part-{k}.txt.gz",
+                         data if path.endswith(".gz") else gzip.compress(data))
+  with open(tiny_spm, "rb") as f:
+    storage.write_atomic(f"{gcs_bucket}/spm/spiece.model", f.read())
+  # Tiny sizes: one worker per host, each file its own unit.
+  flags = [f.replace("gs://BUCKET", gcs_bucket) for f in flags]
+  flags[flags.index("--num_workers") + 1] = "1"
+  flags += ["--unit_mb=1e-6", "--max_seq_length", str(SEQ)]
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  data = storage.path(f"{gcs_bucket}/data")
+  for host in range(3):
+    monkeypatch.setattr(jax, "process_index", lambda h=host: h)
+    assert prep.main(flags) == 0
+    # Each worker took its place from the runtime: its units only.
+    assert sorted(p.name for p in data.glob("units/unit-*.json")) == sorted(
+        f"unit-{u:05d}.json" for u in range(FILES) if u % 3 <= host)
+  one = flags[:]
+  one[one.index("--output_dir") + 1] = f"{gcs_bucket}/one"
+  one.remove("--distributed")
+  assert prep.main(one) == 0
+  other = storage.path(f"{gcs_bucket}/one")
+  meta = json.loads((data / "dataset.json").read_text())
+  assert meta["units"] == FILES and meta["read"]["files"] == FILES
+  assert meta["splits"] == json.loads(
+      (other / "dataset.json").read_text())["splits"]
+  for s in meta["splits"].values():
+    for name in s["files"]:
+      assert (data / name).read_bytes() == (other / name).read_bytes(), name
