@@ -8,14 +8,29 @@ r"""Corpus → sharded ArrayRecord files of tokenised, unmasked instances.
 Inputs (`--format`): `sentences` (official format: a sentence per line, a
 blank line between documents; globs, comma lists, .gz), `raw` (a document
 per file), `jsonl:FIELD`, or `tfds[:SPLIT]` with `--input=name:feature`.
+`--input` repeated (with `--format` once, or once per input) makes a
+mixture; `--weights=3,0.5` takes each document of the first input three
+times and half of the second's, deterministically (`shards.copies`); the
+mixture and its per-input counts are recorded in `dataset.json`.
 
-The corpus is streamed in blocks of `--docs_per_block` documents (fewer if
-they hold over 32M characters); each block is tokenised, turned into
-instances and written as one shard by a worker process. At most two blocks
-per worker are in flight, so memory is bounded by the block size, not the
-corpus size. Document d gets the random stream (seed, dupe, d) and blocks
-are cut in the reading process, so the output is byte-identical for any
-number of workers. Masking is not materialised: the loader masks on the fly
+The inputs are cut into units of work (`albert_jax.data.units`: runs of
+files of about `--unit_mb` MiB, or ranges of TFDS examples) and host
+`--process_index` of `--process_count` (or of JAX's runtime with
+`--distributed`) prepares every N-th unit; the host that finishes last
+merges the units' records into `dataset.json`. A unit's documents are
+numbered from the unit, so the shards are the same bytes for any number of
+hosts. Each unit's document stream is cut into blocks of `--docs_per_block`
+documents (fewer if they hold over 32M characters); each block is tokenised,
+turned into instances and written as one shard by a worker process. At most
+two blocks per worker are in flight, so memory is bounded by the block size,
+not the corpus size. Document d gets the random stream (seed, dupe, d) and
+blocks are cut in the reading process, so the output is byte-identical for
+any number of workers. Workers die with the process that started them.
+
+An interrupted prepare resumes: rerun it with the same arguments and units
+whose record and shards check out are kept, the others redone; other
+parameters are refused (`prepare_run.json` records them; `--overwrite`
+starts over). Masking is not materialised: the loader masks on the fly
 (statically or dynamically), so one prepared dataset serves both. A
 deterministic fraction of documents (`--eval_fraction`, by document index
 hash) goes to `eval-*` shards for held-out evaluation. The blocks, and the
@@ -63,7 +78,11 @@ CLI_OPTIONS = {"input": "--input", "format": "--format",
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-  """How to cut the corpus into instances (see InstanceConfig for most)."""
+  """How to cut the corpus into instances (see InstanceConfig for most).
+
+  `unit_mb` sizes the units of work hosts share (it changes which shards
+  are written, so a resume must keep it); `num_workers` changes no byte.
+  """
   tokenizer: str
   output_dir: str
   max_seq_length: int = 512
@@ -402,6 +421,12 @@ def summary(metadata: dict) -> str:
                  f"{s['skipped_documents'] + s['skipped_chunks']:>8,}")
   lines.append("skipped: single-sentence documents + chunks that made no "
                "instance; padding: share of pad tokens at max_seq_length.")
+  mixture = metadata.get("mixture") or []
+  if len(mixture) > 1:
+    for m in mixture:
+      lines.append(f"input {m['input']} (weight {m['weight']:g}): "
+                   f"{m['read_documents']:,} documents read, "
+                   f"{m['documents']:,} taken, {m['instances']:,} instances.")
   read = metadata.get("read") or {}
   kinds = (("skipped_non_utf8", "non-UTF-8 lines"),
            ("skipped_long_lines", "over-long lines"),

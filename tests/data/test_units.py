@@ -243,6 +243,8 @@ def test_weighted_mixture(corpus, tiny_spm, tmp_path):
   assert sum(per_unit.get(u, 0) for u in range(FILES)) == (
       mixture[0]["instances"])
   assert per_unit[FILES] + per_unit[FILES + 1] == mixture[1]["instances"] > 0
+  assert (f"input {beta} (weight 0.3): 200 documents read, {taken} taken"
+          in prep.summary(meta))
   # Deterministic: the same weights give the same shards.
   again = prep.prepare_sources(sources, _config(tiny_spm, tmp_path / "again"),
                                progress=None)
@@ -316,3 +318,23 @@ def test_readme_per_host_command_on_three_hosts_in_cloud_storage(
   for s in meta["splits"].values():
     for name in s["files"]:
       assert (data / name).read_bytes() == (other / name).read_bytes(), name
+
+
+def test_tfds_units_split_across_hosts(tiny_spm, monkeypatch, tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  monkeypatch.setattr(units_lib, "TFDS_UNIT_EXAMPLES", 15)
+  source = [units_lib.Source("wikipedia/20230601.en:text", "tfds")]
+  with tfds.testing.mock_data(num_examples=40):
+    plan = units_lib.plan(source, 64)
+    assert [u.examples for u in plan] == [(0, 15), (15, 30), (30, 40)]
+    one = prep.prepare_sources(source, _config(tiny_spm, tmp_path / "one",
+                                               objective="none"),
+                               progress=None)
+    for host in range(2):
+      two = prep.prepare_sources(source, _config(
+          tiny_spm, tmp_path / "two", objective="none"), host, 2,
+                                 progress=None)
+  assert one["read"]["documents"] == 40 and one["units"] == 3
+  assert two["splits"] == one["splits"]
+  assert (_shard_bytes(tmp_path / "two", two)
+          == _shard_bytes(tmp_path / "one", one))
