@@ -48,6 +48,13 @@ class Source:
   weight: float = 1.0
 
   def validate(self) -> None:
+    """Checked before anything is written, so a typo is not recorded as
+    the run's parameters (which a corrected rerun would then differ from)."""
+    fmt = self.format
+    if not (fmt in ("sentences", "raw", "tfds", "stream") or
+            (fmt.startswith(("jsonl:", "tfds:")) and fmt.split(":", 1)[1])):
+      raise ValueError(f"Unknown --format {fmt!r}; use sentences, raw, "
+                       "jsonl:FIELD or tfds[:SPLIT].")
     if not (math.isfinite(self.weight) and self.weight > 0):
       raise ValueError(f"The weight of {self.spec!r} is {self.weight}; give "
                        "each input a positive weight (2 = every document "

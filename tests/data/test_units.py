@@ -124,6 +124,9 @@ def test_bad_host_flags_are_clear_errors(corpus, tiny_spm, tmp_path, capsys):
   assert "--weights has 1 values for 2 --input" in capsys.readouterr().err
   assert prep.main(base + ["--weights=-1"]) == 2
   assert "positive weight" in capsys.readouterr().err
+  assert prep.main(base + ["--format=jsonl:"]) == 2
+  assert "Unknown --format 'jsonl:'" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)  # nothing recorded before the checks
   assert prep.main(base + ["--overwrite", "--process_index=0",
                            "--process_count=2"]) == 2
   assert "--overwrite cannot be used with several hosts" in (
