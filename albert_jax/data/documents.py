@@ -325,24 +325,31 @@ def host_range(num_examples: int, index: int, count: int) -> range:
 
 def read_tfds(spec: str, split: str = "train", *, process_index: int = 0,
               process_count: int = 1, data_dir: str | None = None,
-              stats: ReadStats | None = None) -> Iterator[list[str]]:
+              stats: ReadStats | None = None,
+              examples: range | None = None) -> Iterator[list[str]]:
   """Documents from a TFDS dataset; this host reads only its own slice.
 
   Each example's text feature is split into sentences. Datasets stored as
   ArrayRecord are read by random access (`tfds.data_source`), touching only
   `host_range(...)`; others are read through `tfds.load` with an even
   sub-split per host. Either way the hosts' documents partition the split.
+  `examples` (a step-1 range) reads exactly those examples instead.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   stats = stats if stats is not None else ReadStats()
   name, feature = parse_tfds_spec(spec)
+  wanted = examples
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir)
   except NotImplementedError:  # no random access for this file format
-    examples = _tfds_sequential(tfds, name, split, data_dir, process_index,
-                                process_count, stats)
+    if wanted is not None:
+      examples = _tfds_slice(tfds, name, split, data_dir, wanted, stats)
+    else:
+      examples = _tfds_sequential(tfds, name, split, data_dir, process_index,
+                                  process_count, stats)
   else:
-    indices = host_range(len(source), process_index, process_count)
+    indices = wanted if wanted is not None else host_range(
+        len(source), process_index, process_count)
     stats.total_documents = len(indices)
     examples = (source[i] for i in indices)
   for number, example in enumerate(examples):
@@ -365,6 +372,14 @@ def read_tfds(spec: str, split: str = "train", *, process_index: int = 0,
     if sentences:
       yield stats.count_document(sentences)
   stats.warn_if_skipped()
+
+
+def _tfds_slice(tfds, name, split, data_dir, wanted, stats):
+  """Examples [wanted.start, wanted.stop) via tf.data (TFRecord data)."""
+  stats.total_documents = len(wanted)
+  builder = tfds.builder(name, data_dir=data_dir)
+  return tfds.as_numpy(builder.as_dataset(
+      split=f"{split}[{wanted.start}:{wanted.stop}]", shuffle_files=False))
 
 
 def _tfds_sequential(tfds, name, split, data_dir, index, count, stats):

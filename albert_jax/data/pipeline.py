@@ -86,9 +86,11 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
   stats = documents_lib.ReadStats()
   docs = prepare_lib.open_documents(documents_lib.corpus_pattern(config.data.corpus),
                                     config.data.format, stats)
+  # Rebuilt whole: the recipe changed (checked above), or a run died while
+  # preparing it (the stream's content is not fingerprinted, so no resume).
   metadata = prepare_lib.prepare(
       docs, wanted, stats, source=f"config.data.corpus={config.data.corpus!r}",
-      options=TRAINER_OPTIONS)
+      options=TRAINER_OPTIONS, overwrite=True)
   log.info("Prepared data:\n%s", prepare_lib.summary(metadata))
   return out
 

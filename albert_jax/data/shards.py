@@ -1,20 +1,29 @@
 """The corpus in blocks, and each block's shard written by a worker.
 
-`document_blocks` cuts the document stream into blocks of at most
-`docs_per_block` documents (fewer when they hold over 32M characters), per
-split, in the reading process; `write_block` tokenises one block, makes its
-instances and writes its ArrayRecord shard, in a worker process (or in
-process, `InProcess`, for one worker). Document d's randomness depends only
-on (seed, dupe, d), so the shards are byte-identical for any number of
-workers. `albert_jax.data.prepare` drives them.
+`document_blocks` cuts one unit of work's document stream
+(`albert_jax.data.units`) into blocks of at most `docs_per_block` documents
+(fewer when they hold over 32M characters), per split, in the reading
+process, repeating or dropping documents by the unit's mixture weight;
+`write_block` tokenises one block, makes its instances and writes its
+ArrayRecord shard, in a worker process (or in process, `InProcess`, for one
+worker). Document d's randomness depends only on (seed, dupe, d), with d
+counted from the unit's first index, so the shards are byte-identical for
+any number of workers and of hosts. A worker dies with the process that
+started it (`init_worker`), so a killed prepare leaves no writer behind.
+`albert_jax.data.prepare` drives them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import hashlib
+import math
 import os
+import signal
+import sys
 import tempfile
+import threading
 import time
 from typing import Iterator, TextIO
 
@@ -35,20 +44,63 @@ def is_eval_document(index: int, fraction: float) -> bool:
   return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
-def init_worker(tokenizer_path: str) -> None:
-  """Loads the tokenizer `write_block` uses, once per worker process."""
+def copies(index: int, weight: float, seed: int) -> int:
+  """How many times a mixture source of `weight` takes document `index`:
+  floor(weight), plus one with probability frac(weight), by a hash of
+  (seed, index), so the choice is deterministic and the expected count is
+  `weight` (upsampling by repetition, downsampling by dropping)."""
+  whole = math.floor(weight)
+  frac = weight - whole
+  if frac <= 0:
+    return whole
+  digest = hashlib.sha256(f"mix{seed}:{index}".encode()).digest()
+  return whole + (int.from_bytes(digest[:8], "little") / 2**64 < frac)
+
+
+def die_with_parent(parent_pid: int) -> None:
+  """Ends this process when `parent_pid` ends, however it ends (SIGKILL too).
+
+  Linux's parent-death signal does it in the kernel; elsewhere a thread
+  polls the parent id. Either way a worker never outlives the prepare that
+  started it and goes on writing shards into a directory a rerun now owns.
+  """
+  if sys.platform.startswith("linux"):
+    try:
+      libc = ctypes.CDLL(None, use_errno=True)
+      pr_set_pdeathsig = 1
+      if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) == 0:
+        # The parent may have died before the call: then nobody would
+        # send the signal, and this process has been re-parented already.
+        if os.getppid() != parent_pid:
+          os._exit(1)  # pylint: disable=protected-access
+        return
+    except (OSError, AttributeError):
+      pass
+
+  def watch():
+    while os.getppid() == parent_pid:
+      time.sleep(0.5)
+    os._exit(1)  # pylint: disable=protected-access
+  threading.Thread(target=watch, daemon=True).start()
+
+
+def init_worker(tokenizer_path: str, parent_pid: int | None = None) -> None:
+  """Loads the tokenizer `write_block` uses, once per worker process; with
+  `parent_pid`, ties this worker's life to that process's."""
   global _TOKENIZER
+  if parent_pid is not None:
+    die_with_parent(parent_pid)
   from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   _TOKENIZER = Tokenizer.from_file(tokenizer_path)
 
 
-def write_block(split: str, block: int, first_index: int,
+def write_block(split: str, unit: int, block: int, first_index: int,
                 docs: list[list[str]], output_dir: str,
                 recipe: instances_lib.InstanceConfig, seed: int
                 ) -> tuple[str, instances_lib.Stats]:
-  """Tokenises a block of documents and writes its shard into `output_dir`
-  (local or `gs://`) with the instance `recipe` and `seed`; returns (path,
-  counts)."""
+  """Tokenises a block of documents and writes its shard (the unit's
+  `block`-th of `split`) into `output_dir` (local or `gs://`) with the
+  instance `recipe` and `seed`; returns (path, counts)."""
   tok = _TOKENIZER
   # Sentences that tokenise to nothing (e.g. only control characters) would
   # make empty segments; drop them.
@@ -56,7 +108,7 @@ def write_block(split: str, block: int, first_index: int,
   made, stats = instances_lib.create_instances(
       tokenised, recipe, seed, tok.cls_id, tok.sep_id,
       first_index=first_index)
-  path = storage.path(output_dir) / shard_name(split, block)
+  path = storage.path(output_dir) / shard_name(split, unit, block)
   if not storage.is_remote(path):
     tmp = f"{path}.tmp"
     _write_records(tmp, made)
@@ -83,34 +135,41 @@ def _write_records(path: str, made: list[instances_lib.Instance]) -> None:
   writer.close()
 
 
-def shard_name(split: str, block: int) -> str:
-  """The file name of a split's block-th shard."""
-  return f"{split}-{block:05d}.arrayrecord"
+def shard_name(split: str, unit: int, block: int) -> str:
+  """The file name of a unit's block-th shard of a split."""
+  return f"{split}-{unit:05d}-{block:05d}.arrayrecord"
 
 
 def document_blocks(docs: Iterator[list[str]], eval_fraction: float,
-                    docs_per_block: int
+                    docs_per_block: int, first_index: int = 0,
+                    weight: float = 1.0, seed: int = 0
                     ) -> Iterator[tuple[str, int, int, list[list[str]]]]:
   """(split, block number, first document index in split, documents): at
-  most `docs_per_block` documents a block, each held out for "eval" with
-  probability `eval_fraction` (by its index)."""
+  most `docs_per_block` documents a block.
+
+  Input document i (counted from `first_index`) is held out for "eval" with
+  probability `eval_fraction` (by its index), and taken `copies(i, weight,
+  seed)` times, all copies in the same split (so no held-out text is
+  trained on) and each with its own index, so its own random stream.
+  """
   buffers = {s: [] for s in SPLITS}
   chars = {s: 0 for s in SPLITS}
   firsts = {s: 0 for s in SPLITS}
   counts = {s: 0 for s in SPLITS}
-  seen = {s: 0 for s in SPLITS}
-  for index, doc in enumerate(docs):
+  seen = {s: first_index for s in SPLITS}
+  for index, doc in enumerate(docs, first_index):
     split = "eval" if is_eval_document(index, eval_fraction) else "train"
-    if not buffers[split]:
-      firsts[split] = seen[split]
-    buffers[split].append(doc)
-    chars[split] += sum(map(len, doc))
-    seen[split] += 1
-    if (len(buffers[split]) >= docs_per_block
-        or chars[split] >= _MAX_BLOCK_CHARS):
-      yield split, counts[split], firsts[split], buffers[split]
-      counts[split] += 1
-      buffers[split], chars[split] = [], 0
+    for _ in range(1 if weight == 1 else copies(index, weight, seed)):
+      if not buffers[split]:
+        firsts[split] = seen[split]
+      buffers[split].append(doc)
+      chars[split] += sum(map(len, doc))
+      seen[split] += 1
+      if (len(buffers[split]) >= docs_per_block
+          or chars[split] >= _MAX_BLOCK_CHARS):
+        yield split, counts[split], firsts[split], buffers[split]
+        counts[split] += 1
+        buffers[split], chars[split] = [], 0
   for split in SPLITS:
     if buffers[split]:
       yield split, counts[split], firsts[split], buffers[split]

@@ -13,7 +13,10 @@ WORKDIR/recipe.json holds
     data_dir's dataset.json), and of the tokenizer the run trained into the
     workdir. A file may move (another path, a copy in another bucket); its
     content may not change;
-  - "num_train_steps", which may grow but not shrink.
+  - "num_train_steps", which may grow but not shrink;
+  - under "config", "data.mixture": the inputs, formats and weights a
+    prepared data_dir was mixed from (its dataset.json's "mixture"), so a
+    resume on data mixed otherwise names the weights that changed.
 
 `check` runs before anything is written: a rerun whose recipe differs is
 refused with the differences listed, and the workdir is left as it was.
@@ -100,6 +103,24 @@ def _named_files(key: str, value: Any) -> list[str] | None:
     return None
 
 
+def _mixture(data_dir: Any) -> list[dict[str, Any]] | None:
+  """The inputs and weights a prepared data_dir was mixed from (as
+  `albert_jax.data.prepare` recorded them), or None."""
+  if not isinstance(data_dir, str) or not data_dir:
+    return None
+  path = storage.path(data_dir) / "dataset.json"
+  if not path.is_file():
+    return None
+  try:
+    mixture = json.loads(path.read_text(encoding="utf-8")).get("mixture")
+  except (ValueError, AttributeError):
+    return None  # the loader names a damaged dataset.json itself
+  if not isinstance(mixture, list):
+    return None  # prepared before mixtures were recorded
+  return [{k: m.get(k) for k in ("input", "format", "weight")}
+          for m in mixture if isinstance(m, dict)]
+
+
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   out = {}
   for key, value in tree.items():
@@ -132,8 +153,12 @@ def recipe(config, workdir: str) -> dict[str, Any]:
       own = None
     if own and storage.path(own).exists():
       files["data.tokenizer"] = [_fingerprint(own)]
-  return {"config": {k: v for k, v in flat.items()
-                     if not _may_change(k) and k not in files},
+  config = {k: v for k, v in flat.items()
+            if not _may_change(k) and k not in files}
+  mixture = _mixture(flat.get("data.data_dir"))
+  if mixture is not None:
+    config["data.mixture"] = mixture
+  return {"config": config,
           "files": files,
           "num_train_steps": values.get("num_train_steps")}
 

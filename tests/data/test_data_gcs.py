@@ -80,10 +80,16 @@ def test_prepare_and_load_on_gcs_equal_local(
   assert got["splits"] == want["splits"]
   assert len(want["splits"]["train"]["files"]) > 2
   assert want["splits"]["eval"]["files"]
-  names = sorted(p.name for p in storage.path(f"{remote}/data").iterdir())
-  assert names == sorted(os.listdir(f"{local}/data"))
-  for name in names:  # dataset.json differs: it names its paths
-    if name != "dataset.json":
+  names = sorted(os.fspath(p.relative_to(storage.path(f"{remote}/data")))
+                 for pattern in ("*", "units/*")
+                 for p in storage.path(f"{remote}/data").glob(pattern)
+                 if p.is_file())
+  assert names == sorted(
+      os.path.relpath(os.path.join(d, f), f"{local}/data")
+      for d, _, files in os.walk(f"{local}/data") for f in files)
+  assert "units/unit-00000.json" in names
+  for name in names:  # these two differ: they name their paths
+    if name not in ("dataset.json", prepare.RUN_RECORD):
       assert (storage.path(f"{remote}/data/{name}").read_bytes()
               == storage.path(f"{local}/data/{name}").read_bytes()), name
 
@@ -115,12 +121,12 @@ def test_missing_data_on_gcs_names_the_gs_path(
 
   _put(f"{root}/corpus", corpus_files)
   _prepare_cli(f"{root}/corpus/*", tiny_spm, f"{root}/data")
-  storage.path(f"{root}/data/train-00001.arrayrecord").unlink()
+  storage.path(f"{root}/data/train-00000-00001.arrayrecord").unlink()
   with pytest.raises(FileNotFoundError) as e:
     _loader(f"{root}/data", tiny_tokenizer, "train")
   assert str(e.value) == (
       f"1 shard(s) listed in {root}/data/dataset.json are missing, e.g. "
-      f"{root}/data/train-00001.arrayrecord.")
+      f"{root}/data/train-00000-00001.arrayrecord.")
 
 
 def _run_config(corpus: str) -> ml_collections.ConfigDict:

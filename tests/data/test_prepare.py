@@ -241,13 +241,19 @@ def test_other_objectives(objective, tok, tmp_path):
     assert set(labels) == {0, 1} and set(seps) == {2}
 
 
-def test_rerun_replaces_old_shards(tok, tmp_path):
+def test_rerun_with_other_parameters_is_refused_or_replaces(tok, tmp_path):
   docs = _self_naming_docs(40, np.random.default_rng(3))
   _run(docs, _config(tok, tmp_path, docs_per_block=4))
-  meta = _run(docs, _config(tok, tmp_path, docs_per_block=100))
-  on_disk = sorted(p for p in os.listdir(tmp_path) if p != "dataset.json")
+  with pytest.raises(ValueError, match=r"other parameters \(changed: "
+                     r"recipe.docs_per_block;.*--overwrite"):
+    _run(docs, _config(tok, tmp_path, docs_per_block=100))
+  meta = _run(docs, _config(tok, tmp_path, docs_per_block=100),
+              overwrite=True)
+  on_disk = sorted(p for p in os.listdir(tmp_path)
+                   if p.endswith(".arrayrecord"))
   assert on_disk == sorted(meta["splits"]["train"]["files"]
                            + meta["splits"]["eval"]["files"])
+  assert os.listdir(tmp_path / "units") == ["unit-00000.json"]
 
 
 def test_blocks_stream_lazily():
@@ -281,3 +287,37 @@ def test_bad_config_and_format(tok, tmp_path):
   with pytest.raises(ValueError, match="Unknown --format 'csv'"):
     prep.open_documents("x", "csv", docs_lib.ReadStats())
   assert dataclasses.replace(_config(tok, tmp_path)).num_workers == 1
+
+
+_PEAK_RSS = """
+import resource, sys
+from albert_jax.data import prepare
+from albert_jax.text.tokenizer import Tokenizer
+Tokenizer.from_file(sys.argv[1])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+code = prepare.main(sys.argv[2:])
+print("KIB", before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def test_peak_memory_is_bounded_by_the_block_not_the_corpus(tiny_spm,
+                                                             tmp_path):
+  # 1.5 MB of text in blocks of 2 documents (~90 KB). Holding the corpus,
+  # its tokens and its instances at once would add ~8 MB to the peak (as
+  # --docs_per_block=100000 does); streaming block by block adds ~nothing.
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    text = f.read(1_500_000)
+  (tmp_path / "corpus.txt").write_text(text[:text.rindex("\n\n")],
+                                       encoding="utf-8")
+  proc = subprocess.run(
+      [sys.executable, "-c", _PEAK_RSS, tiny_spm,
+       f"--input={tmp_path}/corpus.txt", f"--tokenizer={tiny_spm}",
+       f"--output_dir={tmp_path}/out", "--docs_per_block=2",
+       "--max_seq_length=64"],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr
+  before, peak = map(int, proc.stdout.split("KIB")[1].split())
+  meta = json.loads((tmp_path / "out" / "dataset.json").read_text())
+  assert meta["read"]["documents"] > 30
+  assert peak - before < 4 * 1024, (before, peak)  # KiB

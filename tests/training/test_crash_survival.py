@@ -36,6 +36,7 @@ import gzip
 import itertools
 import json
 import os
+import pathlib
 import re
 import resource
 import signal
@@ -396,8 +397,11 @@ def test_data_preparation_killed_midway_is_rebuilt(tmp_path):
   workdir = tmp_path / "run"
   tok = run_tokenizer.ensure(config, str(workdir))
   data = pipeline.ensure_dataset(config, str(workdir), tok)
-  whole = {name: (workdir / "data" / name).read_bytes()
-           for name in os.listdir(data)}
+  def files():  # the unit records too (units/unit-*.json)
+    return {os.path.relpath(os.path.join(d, n), data):
+            (pathlib.Path(d) / n).read_bytes()
+            for d, _, names in os.walk(data) for n in names}
+  whole = files()
   assert "dataset.json" in whole and len(whole) >= 3
   # What a kill during the last shard leaves behind.
   os.remove(os.path.join(data, "dataset.json"))
@@ -406,5 +410,4 @@ def test_data_preparation_killed_midway_is_rebuilt(tmp_path):
   with open(os.path.join(data, last + ".tmp"), "r+b") as f:
     f.truncate(10)
   assert pipeline.ensure_dataset(config, str(workdir), tok) == data
-  assert {name: (workdir / "data" / name).read_bytes()
-          for name in os.listdir(data)} == whole
+  assert files() == whole

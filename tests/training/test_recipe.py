@@ -1,5 +1,6 @@
 """A run's recipe is recorded and checked on resume (training/recipe.py)."""
 
+import json
 import os
 import shutil
 
@@ -101,6 +102,31 @@ def test_the_workdirs_own_tokenizer_is_fingerprinted(run):
   _refused(config, workdir, "data.tokenizer: content changed")
   os.remove(own)
   _refused(config, workdir, "data.tokenizer: no longer found")
+
+
+def test_a_prepared_mixture_is_recorded_and_checked(run, tmp_path):
+  config, workdir = run
+  data = tmp_path / "data"
+  data.mkdir()
+  mixture = [{"input": "books/*", "format": "sentences", "weight": 3.0,
+              "read_documents": 10, "documents": 30, "instances": 50},
+             {"input": "web/*", "format": "jsonl:text", "weight": 0.5,
+              "read_documents": 10, "documents": 5, "instances": 9}]
+  (data / "dataset.json").write_text(json.dumps({"mixture": mixture}),
+                                     encoding="utf-8")
+  config.data.data_dir = str(data)
+  recipe_lib.record(config, workdir)
+  with open(os.path.join(workdir, recipe_lib.RECIPE), encoding="utf-8") as f:
+    assert json.load(f)["config"]["data.mixture"] == [
+        {"input": "books/*", "format": "sentences", "weight": 3.0},
+        {"input": "web/*", "format": "jsonl:text", "weight": 0.5}]
+  recipe_lib.check(config, workdir)
+  mixture[1]["weight"] = 1.0
+  (data / "dataset.json").write_text(json.dumps({"mixture": mixture}),
+                                     encoding="utf-8")
+  _refused(config, workdir, "data.mixture: [{'format': 'sentences'",
+           "'weight': 0.5}] → [", "'weight': 1.0}]",
+           "data.data_dir: content changed")
 
 
 def test_num_train_steps_may_grow_not_shrink(run):
