@@ -175,6 +175,13 @@ def jit_train_step(step_fn, state_shardings_: State, mesh, rules,
   def run(state, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       return jitted(state, batch)
+
+  def lower(state, batch):
+    """The step lowered for these arguments' shapes, in the same mesh and
+    rules as `run` (so `.compile()` finds the program `run` compiled)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return jitted.lower(state, batch)
   run.jitted = jitted
+  run.lower = lower
   return run
 
