@@ -69,6 +69,15 @@ COMPONENTS = (
     ("MLM head (gather, dense, decoder)", r"/mlm/|take_along_axis"),
     ("pooler, SOP head", r"/pooler/|/sop/"),
 )
+# Outside the forward and backward passes: (component, op_name pattern),
+# the name scopes `training.step.make_train_step` gives them; the first match
+# wins, and an op of none counts in OTHER.
+OTHER_COMPONENTS = (
+    ("optimizer and gradient clipping", r"/optimizer/"),
+    ("non-finite guard", r"/nonfinite_guard/"),
+    ("metrics", r"/step_metrics/"),
+)
+OTHER = "optimizer, clipping, non-finite guard, metrics"
 # Kernels tied to no instruction, by symbol: (component, pattern), the first
 # match wins. Attention first: CUTLASS and cuDNN flash kernels are attention
 # though their symbols may say "gemm" or "cutlass".
@@ -203,7 +212,10 @@ def classify(instruction: str, op_name: str) -> tuple[str, str]:
   elif "jvp(" in op_name:
     phase = "forward"
   else:
-    return "other", "optimizer, clipping, non-finite guard, metrics"
+    for component, pattern in OTHER_COMPONENTS:
+      if re.search(pattern, op_name):
+        return "other", component
+    return "other", OTHER
   for component, pattern in COMPONENTS:
     if re.search(pattern, op_name):
       return phase, component
