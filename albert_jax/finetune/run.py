@@ -49,6 +49,7 @@ from albert_jax.training import checkpoints
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import profiling
 from albert_jax.training import recipe
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
@@ -120,6 +121,8 @@ def run(config, workdir: str,
   """
   started_at = time.time()  # goodput counts the start-up from here
   optim.check(config)
+  profiling.check_can_trace(
+      profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
   check_data(config, workdir)
   recipe.check(config, workdir)

@@ -248,6 +248,10 @@ def duration(seconds: float) -> str:
   return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def _count(n: int, what: str) -> str:
+  return f"{n} {what}{'s' * (n != 1)}"
+
+
 def goodput_lines(summary: Mapping[str, Any]) -> list[str]:
   """A `goodput.Account.summary` as the final summary's lines: goodput,
   badput by cause (largest first), lost and slow steps."""
@@ -262,12 +266,13 @@ def goodput_lines(summary: Mapping[str, Any]) -> list[str]:
       f"({summary['seconds'][c]:.1f} s)"
       for c in causes if summary["seconds"][c] >= 0.05) or "none") + ".")
   if summary["lost_steps"]:
-    lines.append(f"Lost progress: {summary['lost_steps']} steps run again "
-                 "after a restart (past the checkpoint resumed from).")
+    lines.append(f"Lost progress: {_count(summary['lost_steps'], 'step')} "
+                 "run again after a restart (past the checkpoint resumed "
+                 "from).")
   if summary["slow_step_count"]:
     more = summary["slow_step_count"] - len(summary["slow_steps"])
     lines.append(
-        f"{summary['slow_step_count']} slow steps (over "
+        f"{_count(summary['slow_step_count'], 'slow step')} (over "
         "config.goodput.slow_step_factor × the median): "
         + ", ".join(map(str, summary["slow_steps"]))
         + (f" and {more} more" if more > 0 else "") + ".")

@@ -27,6 +27,7 @@ from albert_jax.text import run_tokenizer
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import profiling
 from albert_jax.training import recipe
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
@@ -86,6 +87,8 @@ def run(config, workdir: str) -> dict[str, Any]:
   """
   started_at = time.time()  # goodput counts the start-up from here
   config_check.check(config)
+  profiling.check_can_trace(
+      profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)

@@ -98,6 +98,37 @@ def problems(section: Mapping[str, Any]) -> list[str]:
   return out
 
 
+def tracer_problem() -> str | None:
+  """Why starting a trace here would end the process, or None.
+
+  With libtpu installed and no TPU, jax still initialises libtpu's PJRT
+  plugin (unless JAX_PLATFORMS leaves TPUs out), and the profiler then calls
+  its tracer, whose API does not match this jaxlib's (libtpu 0.0.52 with jax
+  0.10.2: "Unexpected PLUGIN_Profiler_Api size", then a segmentation
+  fault). JAX_PLATFORMS=cpu (or cuda) keeps the plugin out.
+  """
+  platforms = jax.config.jax_platforms or ""
+  tpu_allowed = not platforms or "tpu" in platforms.split(",")
+  if (jax.default_backend() != "tpu" and tpu_allowed
+      and sys.modules.get("libtpu") is not None):
+    return (f"config.profile needs JAX_PLATFORMS={jax.default_backend()} "
+            f"on this {jax.default_backend()} host: libtpu is installed, "
+            "and jax.profiler crashes the process calling its TPU plugin "
+            "where there is no TPU; rerun as JAX_PLATFORMS="
+            f"{jax.default_backend()} python -m albert_jax.main ...")
+  return None
+
+
+def check_can_trace(options: ProfileOptions) -> None:
+  """Raises ValueError (one line, with the fix) if this host is to trace
+  and `tracer_problem` says it cannot; called at a run's start."""
+  if options.num_steps > 0 and (not options.hosts
+                                or jax.process_index() in options.hosts):
+    problem = tracer_problem()
+    if problem:
+      raise ValueError(problem)
+
+
 class StepProfiler:
   """Traces the steps `ProfileOptions` chooses and summarises them.
 
@@ -116,6 +147,8 @@ class StepProfiler:
     host = jax.process_index()
     self.enabled = options.num_steps > 0 and (
         not options.hosts or host in options.hosts)
+    if self.enabled:
+      check_can_trace(options)
     self.summary_name = ("summary.md" if host == 0
                          else f"summary.host{host}.md")
     self.first = (options.start_step if options.start_step > 0

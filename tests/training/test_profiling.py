@@ -6,9 +6,11 @@ covers the run's wall time. One run (module fixture) serves the checks.
 import glob
 import importlib.util
 import json
-import os
+import sys
 import time
+import types
 
+import jax
 from locations import CONFIGS
 import pytest
 
@@ -123,3 +125,21 @@ def test_which_steps_are_profiled(options, session_start, starts, tmp_path):
   # The loop asks about each step the session runs.
   assert [s for s in range(session_start + 1, 100)
           if p.starts_at(s)] == starts
+
+
+def test_a_host_whose_profiler_would_crash_is_refused(monkeypatch):
+  """libtpu installed, no TPU, JAX_PLATFORMS unset: jax.profiler would end
+  the process in libtpu's tracer; the run refuses at start, with the fix."""
+  monkeypatch.setitem(sys.modules, "libtpu", types.ModuleType("libtpu"))
+  platforms = jax.config.jax_platforms
+  try:
+    jax.config.update("jax_platforms", "")
+    with pytest.raises(ValueError, match=(
+        "config.profile needs JAX_PLATFORMS=cpu on this cpu host: libtpu "
+        "is installed")):
+      profiling.check_can_trace(profiling.ProfileOptions(num_steps=2))
+    profiling.check_can_trace(profiling.ProfileOptions(num_steps=0))
+    jax.config.update("jax_platforms", "cpu")
+    profiling.check_can_trace(profiling.ProfileOptions(num_steps=2))
+  finally:
+    jax.config.update("jax_platforms", platforms)
