@@ -28,7 +28,9 @@ step before, and so overstates the stall a little.
 Each session is one entry of WORKDIR/goodput.json, rewritten after every
 step in a local workdir (an atomic rename, well under a millisecond) and at
 each logging step on Cloud Storage, so a killed session's entry is as
-recent as that; the sessions of one workdir add up. A step whose time is
+recent as that; the sessions of one workdir add up. A session that runs no
+step (a rerun of a finished run) is left out: it trained nothing, and a
+finished run's record stays as it was. A step whose time is
 `slow_step_factor` times the median of the steps before it is counted as
 slow and listed by number; a data wait above `data_stall_share` of the
 steps' time is logged once, with the fix.
@@ -118,6 +120,7 @@ class Account:
     self.slow_count = 0
     self.lost_steps = 0
     self.first_step_done = False
+    self.ran_a_step = False
     self.window = collections.Counter()  # data wait and step time since the
     self.stall_warned = False            # last `check_data_stall`
 
@@ -159,6 +162,7 @@ class Account:
     """Step `done` (1-based) has been run and checked: books it as compile
     (the session's first), lost progress (a step an earlier session had
     reached) or productive, and counts it slow if it was."""
+    self.ran_a_step = True
     redone = done <= self.reached_before
     self.lost_steps += redone
     if not self.first_step_done:  # compiled whether redone or not
@@ -211,14 +215,17 @@ class Account:
 
   def save(self) -> None:
     """Rewrites goodput.json with the earlier sessions and this one."""
-    if self.enabled:
+    if self.enabled and self.ran_a_step:
       storage.write_atomic(self.path, json.dumps(
-          {"sessions": self.earlier + [self.entry()]}, indent=1))
+          {"sessions": self._sessions()}, indent=1))
+
+  def _sessions(self) -> list[dict[str, Any]]:
+    return self.earlier + ([self.entry()] if self.ran_a_step else [])
 
   def summary(self) -> dict[str, Any]:
     """All sessions of the workdir so far, this one included: total wall
     seconds, seconds and % by cause, goodput %, slow and lost steps."""
-    sessions = self.earlier + [self.entry()]
+    sessions = self._sessions()
     seconds = {c: sum(float(s["seconds"].get(c, 0.0)) for s in sessions)
                for c in CAUSES}
     wall = sum(seconds.values())

@@ -257,6 +257,8 @@ def goodput_lines(summary: Mapping[str, Any]) -> list[str]:
   badput by cause (largest first), lost and slow steps."""
   from albert_jax.training import goodput  # pylint: disable=g-import-not-at-top
   sessions = summary["sessions"]
+  if not sessions:
+    return []
   lines = [f"Goodput {summary['goodput_percent']:.1f}% of "
            f"{duration(summary['wall_seconds'])} wall time"
            + (f" over {sessions} sessions" if sessions > 1 else "") + "."]

@@ -78,6 +78,25 @@ def test_sessions_add_up_and_redone_steps_are_lost_progress(tmp_path):
                       "(past the checkpoint resumed from).")
 
 
+def test_a_session_that_runs_no_step_is_left_out(tmp_path):
+  """A rerun of a finished run trains nothing: the record and the summary
+  stay those of the run."""
+  clock = Clock()
+  first = _account(tmp_path, clock, start_step=0)
+  for done in (1, 2):
+    clock.tick(1)
+    first.step_done(done)
+  before = (tmp_path / goodput.GOODPUT_FILE).read_text()
+  rerun = _account(tmp_path, clock, start_step=2)
+  clock.tick(7)
+  rerun.book("evaluation")
+  rerun.save()
+  assert (tmp_path / goodput.GOODPUT_FILE).read_text() == before
+  assert rerun.summary() == first.summary()
+  assert metrics.goodput_lines(_account(tmp_path / "new", clock, 0).summary(
+      )) == []
+
+
 def test_slow_steps_are_counted_by_number(tmp_path):
   clock = Clock()
   account = _account(tmp_path, clock, start_step=0, slow_step_factor=3.0)
@@ -163,7 +182,7 @@ def test_a_fast_loader_is_not_a_stall(tmp_path, caplog):
   state = {"step": jnp.zeros([], jnp.int32), "params": {"w": jnp.zeros(2)}}
   mngr = checkpoints.manager(str(tmp_path), async_save=False)
   def step(state, batch):
-    time.sleep(0.02)  # the steps take the time, not the loader
+    time.sleep(0.1)  # the steps take the time, not the loader
     return _step(state, batch)
 
   with caplog.at_level(logging.WARNING):
