@@ -11,10 +11,12 @@ import time
 import types
 
 import jax
+import jax.numpy as jnp
 from locations import CONFIGS
 import pytest
 
 from albert_jax import config_check
+from albert_jax import storage
 from albert_jax.tools import step_breakdown
 from albert_jax.training import profiling
 from albert_jax.training import pretrain
@@ -143,3 +145,23 @@ def test_a_host_whose_profiler_would_crash_is_refused(monkeypatch):
     profiling.check_can_trace(profiling.ProfileOptions(num_steps=2))
   finally:
     jax.config.update("jax_platforms", platforms)
+
+
+def test_a_gcs_workdirs_profile_is_copied_up(gcs_bucket):
+  """In a gs:// workdir the trace is recorded locally and copied up beside
+  its summary, where TensorBoard reads it."""
+  step = jax.jit(lambda x: jnp.tanh(x @ x) + 1.0)
+  workdir = f"{gcs_bucket}/run"
+  profiler = profiling.StepProfiler(
+      profiling.ProfileOptions(num_steps=2, start_step=2), workdir,
+      session_start=0, lower=lambda state, batch: step.lower(state))
+  x = jnp.ones((64, 64))
+  for s in (1, 2, 3):
+    profiler.before(s, x)
+    x = step(x)
+    assert profiler.after(s, x, None) == (s == 3)
+  traces = storage.glob(f"{workdir}/profile/plugins/profile/*/*.xplane.pb")
+  assert len(traces) == 1
+  summary = storage.path(f"{workdir}/profile/summary.md").read_text()
+  assert summary.startswith("Profile: training steps 2-3. XLA:CPU")
+  assert storage.path(f"{workdir}/profile/step.hlo.txt").exists()
