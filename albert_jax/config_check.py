@@ -107,6 +107,10 @@ _RULES: dict[str, _Rule] = {
                        "adamw"),
     "optimizer.schedule": (lambda v: v in SCHEDULES, f"one of {SCHEDULES}",
                            "polynomial"),
+    "goodput.data_stall_share": (lambda v: _number(v) and 0 < v < 1,
+                                 "a number in (0, 1)", 0.1),
+    "goodput.slow_step_factor": (lambda v: _number(v) and v > 1,
+                                 "a number > 1", 3.0),
 }
 
 
@@ -158,6 +162,10 @@ def problems(config: Mapping[str, Any]) -> list[str]:
   if present and task is not None and task not in _task_names():
     out.append(_describe("data.task", task, f"one of {_task_names()}",
                          "files"))
+  present, profile = _get(config, "profile")
+  if present and hasattr(profile, "get"):
+    from albert_jax.training import profiling  # pylint: disable=g-import-not-at-top
+    out += profiling.problems(profile)
   if out:  # the rules below assume each field is valid
     return out
   present, model = _get(config, "model")

@@ -155,6 +155,20 @@ def _run_fields(c: ml_collections.ConfigDict, optimizer: str,
       end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
       weight_decay=0.01, bias_correction=False, clip_norm=1.0))
 
+  # Where the time goes (training/profiling.py, training/goodput.py):
+  # profile.num_steps > 0 traces that many steps (from profile.start_step,
+  # -1: the third step after a (re)start; again every profile.period steps
+  # if > 0; on the process indices in profile.hosts, (): all) into
+  # WORKDIR/profile with its step breakdown. goodput: the data-wait share of
+  # step time that is warned about, and how many times the median step time
+  # makes a step slow.
+  from albert_jax.training import goodput  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import profiling  # pylint: disable=g-import-not-at-top
+  c.profile = ml_collections.ConfigDict(dataclasses.asdict(
+      profiling.ProfileOptions()))
+  c.goodput = ml_collections.ConfigDict(dataclasses.asdict(
+      goodput.GoodputOptions()))
+
   # Mesh axes and sizes (-1: the rest of the devices) and the rules that map
   # logical parameter/activation axes onto them.
   # Tuples, because ml-collections can override tuple fields from the command

@@ -172,6 +172,9 @@ def test_variants_compute_the_same_loss_and_gradients(spec, fast_compile):
      ("forward", "losses (cross-entropy) and the rest")),
     ("jit(step)/mul", ("other",
                        "optimizer, clipping, non-finite guard, metrics")),
+    ("jit(step)/optimizer/mul", ("other", "optimizer and gradient clipping")),
+    ("jit(step)/nonfinite_guard/reduce_or", ("other", "non-finite guard")),
+    ("jit(step)/step_metrics/sqrt", ("other", "metrics")),
     ("", ("other", "XLA-inserted copies (no op metadata)")),
 ])
 def test_profile_classifies_ops_by_their_name_stack(op_name, expected):

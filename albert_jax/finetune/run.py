@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import flax.linen as nn
@@ -48,6 +49,7 @@ from albert_jax.training import checkpoints
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import profiling
 from albert_jax.training import recipe
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
@@ -117,19 +119,23 @@ def run(config, workdir: str,
   `lease`: the workdir's, when the caller already holds it (else taken
   here).
   """
+  started_at = time.time()  # goodput counts the start-up from here
   optim.check(config)
+  profiling.check_can_trace(
+      profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
   check_data(config, workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   if lease is not None:
-    return _run(config, workdir, lease)
+    return _run(config, workdir, lease, started_at)
   with lease_lib.acquire(workdir,
                          config.get("take_over_workdir", False)) as lease:
-    return _run(config, workdir, lease)
+    return _run(config, workdir, lease, started_at)
 
 
-def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
+def _run(config, workdir: str, lease: lease_lib.Lease,
+         started_at: float) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
   mesh, rules = loop.mesh_and_rules(config)
   setup = _setup(config)
@@ -146,9 +152,10 @@ def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
   eval_batch = config.get("eval_batch_size") or config.batch_size
   out = _fit(config, workdir, setup, start, train, evaluate=_evaluator(
       setup, predict, eval_batch, data_sharding), data_sharding=data_sharding,
-             lease=lease)
+             lease=lease, started_at=started_at)
   if out.preempted_at is not None:
-    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by}
+    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by,
+            "goodput": out.goodput}
   final_step, best_step, params = _best_params(workdir, out, start)
   best_eval, written = _best_predictions(
       setup, predict, params, eval_batch, data_sharding,
@@ -158,7 +165,7 @@ def _run(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
             "step": final_step, "best_step": best_step,
             "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in best_eval.items()},
-            "predictions": written}
+            "predictions": written, "goodput": out.goodput}
   if jax.process_index() == 0:
     storage.write_atomic(storage.path(workdir) / "final_metrics.json",
                          json.dumps(result, indent=2))
@@ -241,7 +248,7 @@ def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
 
 
 def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
-         lease, data_sharding) -> loop.FitResult:
+         lease, data_sharding, started_at: float) -> loop.FitResult:
   """The training loop (`loop.fit`) from `start` to
   `config.num_train_steps`, over shuffled training batches."""
   start_step = start.step
@@ -260,7 +267,7 @@ def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
       flops_per_step=flops_per_step, tokens_per_sequence=int(
           np.prod(seq_shape)),
       param_paths=list(tree_lib.flatten(start.state["params"])),
-      best_key=setup.best_key, lease=lease)
+      best_key=setup.best_key, lease=lease, started_at=started_at)
 
 
 def _best_params(workdir: str, out, start) -> tuple[int, int, Any]:

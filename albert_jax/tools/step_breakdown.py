@@ -51,6 +51,8 @@ import typing
 
 import jax
 
+from albert_jax import storage
+
 # (component, op_name pattern); the first match wins.
 COMPONENTS = (
     ("LayerNorm", r"layer_norm"),
@@ -67,6 +69,15 @@ COMPONENTS = (
     ("MLM head (gather, dense, decoder)", r"/mlm/|take_along_axis"),
     ("pooler, SOP head", r"/pooler/|/sop/"),
 )
+# Outside the forward and backward passes: (component, op_name pattern),
+# the name scopes `training.step.make_train_step` gives them; the first match
+# wins, and an op of none counts in OTHER.
+OTHER_COMPONENTS = (
+    ("optimizer and gradient clipping", r"/optimizer/"),
+    ("non-finite guard", r"/nonfinite_guard/"),
+    ("metrics", r"/step_metrics/"),
+)
+OTHER = "optimizer, clipping, non-finite guard, metrics"
 # Kernels tied to no instruction, by symbol: (component, pattern), the first
 # match wins. Attention first: CUTLASS and cuDNN flash kernels are attention
 # though their symbols may say "gemm" or "cutlass".
@@ -122,6 +133,11 @@ class StepBreakdown:
       CPU.
     idle_ms: `wall_ms` less `busy_ms`; None on CPU.
     streams: GPU stream (line name) → ms per step of its events.
+    wall_share: (component, ms per step) of wall time, slowest first: each
+      instant a device (CPU: the host) ran events is shared equally among
+      the events running then, so, unlike `rows`, these add up to the time
+      something ran, however many streams or threads ran at once.
+    span_ms: per step, the first event's start to the last event's end.
   """
   platform: str
   steps: int
@@ -133,6 +149,17 @@ class StepBreakdown:
   busy_ms: float | None = None
   idle_ms: float | None = None
   streams: dict[str, float] = dataclasses.field(default_factory=dict)
+  wall_share: list[tuple[str, float]] = dataclasses.field(
+      default_factory=list)
+  span_ms: float | None = None
+
+  @property
+  def unattributed_ms(self) -> float | None:
+    """Per step, the wall time no counted event ran in (Python, dispatch,
+    waiting on data, launch gaps): `wall_ms` less the wall shares."""
+    if self.wall_ms is None or not self.wall_share:
+      return None
+    return self.wall_ms - sum(ms for _, ms in self.wall_share)
 
 
 class _Instruction(typing.NamedTuple):
@@ -185,7 +212,10 @@ def classify(instruction: str, op_name: str) -> tuple[str, str]:
   elif "jvp(" in op_name:
     phase = "forward"
   else:
-    return "other", "optimizer, clipping, non-finite guard, metrics"
+    for component, pattern in OTHER_COMPONENTS:
+      if re.search(pattern, op_name):
+        return "other", component
+    return "other", OTHER
   for component, pattern in COMPONENTS:
     if re.search(pattern, op_name):
       return phase, component
@@ -200,15 +230,20 @@ def library_component(symbol: str) -> str:
   return OTHER_KERNELS
 
 
+def newest_trace(trace: str) -> str:
+  """`trace` if it is a file, else the newest `*.xplane.pb` under it."""
+  if not os.path.isdir(trace):
+    return trace
+  files = sorted(glob.glob(os.path.join(trace, "**", "*.xplane.pb"),
+                           recursive=True), key=os.path.getmtime)
+  if not files:
+    raise FileNotFoundError(f"No *.xplane.pb trace under {trace}.")
+  return files[-1]
+
+
 def load(trace: str) -> jax.profiler.ProfileData:
   """A trace file, or the newest `*.xplane.pb` under a directory."""
-  if os.path.isdir(trace):
-    files = sorted(glob.glob(os.path.join(trace, "**", "*.xplane.pb"),
-                             recursive=True), key=os.path.getmtime)
-    if not files:
-      raise FileNotFoundError(f"No *.xplane.pb trace under {trace}.")
-    trace = files[-1]
-  return jax.profiler.ProfileData.from_file(trace)
+  return jax.profiler.ProfileData.from_file(newest_trace(trace))
 
 
 def _lines(data) -> tuple[str, list]:
@@ -249,6 +284,37 @@ def _union(spans: list[tuple[float, float]]) -> float:
       total += end - max(start, reach)
       reach = end
   return total
+
+
+def _shares(spans: list[tuple[float, float, str]]) -> dict[str, float]:
+  """Each key's share of the time covered by (start, end, key) spans: every
+  instant is split equally among the spans covering it."""
+  edges = sorted({t for start, end, _ in spans for t in (start, end)})
+  if len(edges) < 2:
+    return {}
+  index = {t: i for i, t in enumerate(edges)}
+  # Per elementary interval: how many spans, and of each key, cover it.
+  delta = [0] * len(edges)
+  by_key = collections.defaultdict(lambda: [0] * len(edges))
+  for start, end, key in spans:
+    if end > start:
+      delta[index[start]] += 1
+      delta[index[end]] -= 1
+      by_key[key][index[start]] += 1
+      by_key[key][index[end]] -= 1
+  active, counts = 0, []
+  for d in delta[:-1]:
+    active += d
+    counts.append(active)
+  out = {}
+  for key, deltas in by_key.items():
+    mine, total = 0, 0.0
+    for i, d in enumerate(deltas[:-1]):
+      mine += d
+      if mine:
+        total += (edges[i + 1] - edges[i]) * mine / counts[i]
+    out[key] = total
+  return out
 
 
 def _label(event, platform: str, program: _Program):
@@ -297,6 +363,7 @@ def breakdown(trace: str, hlo_text: str, steps: int, top: int = 10,
   per_name, calls, labels = collections.Counter(), collections.Counter(), {}
   streams = collections.Counter()
   spans_of = collections.defaultdict(list)
+  keyed_of = collections.defaultdict(list)  # device → (start, end, component)
   for device, line in lines:
     events = list(line.events)
     spans = [(e.start_ns, e.start_ns + e.duration_ns) for e in events]
@@ -315,6 +382,7 @@ def breakdown(trace: str, hlo_text: str, steps: int, top: int = 10,
       calls[name] += 1
       streams[line.name] += ns
       spans_of[device].append(span)
+      keyed_of[device].append((*span, component))
   if not per_name:
     raise ValueError(f"No {platform} XLA events in {trace}; planes: "
                      f"{[p.name for p in data.planes]}.")
@@ -323,9 +391,16 @@ def breakdown(trace: str, hlo_text: str, steps: int, top: int = 10,
   rows = [(c, {p: phases[p] * scale for p in PHASES if p in phases})
           for c, phases in totals.items()]
   rows.sort(key=lambda kv: (-sum(kv[1].values()), kv[0]))
+  span_ms = sum(max(e for _, e in s) - min(b for b, _ in s)
+                for s in spans_of.values()) * 1e-6 / steps / len(spans_of)
   if wall_ms is None:
-    wall_ms = sum(max(e for _, e in s) - min(b for b, _ in s)
-                  for s in spans_of.values()) * 1e-6 / steps / len(spans_of)
+    wall_ms = span_ms
+  shares = collections.Counter()
+  for keyed in keyed_of.values():
+    shares.update(_shares(keyed))
+  wall_scale = 1e-6 / steps / len(keyed_of)
+  wall_share = sorted(((c, ns * wall_scale) for c, ns in shares.items()),
+                      key=lambda kv: (-kv[1], kv[0]))
   busy_ms = idle_ms = None
   if platform != "cpu":
     busy_ms = sum(_union(s) for s in spans_of.values()) * scale
@@ -337,7 +412,8 @@ def breakdown(trace: str, hlo_text: str, steps: int, top: int = 10,
                  labels[n][3]) for n, ns in per_name.most_common(top)],
       wall_ms=wall_ms, busy_ms=busy_ms, idle_ms=idle_ms,
       streams=({k: v * scale for k, v in sorted(streams.items())}
-               if platform == "gpu" else {}))
+               if platform == "gpu" else {}),
+      wall_share=wall_share, span_ms=span_ms)
 
 
 def _count(n: int, what: str) -> str:
@@ -386,6 +462,18 @@ def to_markdown(result: StepBreakdown, title: str = "") -> str:
   if result.streams:
     out += ["", "| stream | ms per step |", "|---|---:|"]
     out += [f"| {s} | {ms:,.3f} |" for s, ms in result.streams.items()]
+  if result.wall_share and result.wall_ms:
+    out += ["", f"Wall time per step, {result.wall_ms:,.3f} ms: each "
+            "instant shared among the events running then.", "",
+            "| component | ms per step | share of the wall time |",
+            "|---|---:|---:|"]
+    rest = result.unattributed_ms
+    for component, ms in result.wall_share + [
+        ("no XLA op running (Python, dispatch, data wait, launch gaps)",
+         rest)]:
+      out.append(f"| {component} | {ms:,.3f} | "
+                 f"{100 * ms / result.wall_ms:.1f}% |")
+    out.append(f"| wall time | {result.wall_ms:,.3f} | 100% |")
   out += ["", "| slowest HLO instructions and kernels | phase | component "
           "| ms | calls | shape and op |", "|---|---|---|---:|---:|---|"]
   for e in result.top:
@@ -397,10 +485,10 @@ def to_markdown(result: StepBreakdown, title: str = "") -> str:
 
 
 def write_summary(result: StepBreakdown, directory: str,
-                  title: str = "") -> str:
-  """Writes `to_markdown` to `directory`/summary.md; returns its path."""
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, "summary.md")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(to_markdown(result, title))
-  return path
+                  title: str = "", name: str = "summary.md") -> str:
+  """Writes `to_markdown` to `directory`/`name` (local or gs://); returns
+  its path."""
+  root = storage.path(directory)
+  root.mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(root / name, to_markdown(result, title))
+  return os.fspath(root / name)

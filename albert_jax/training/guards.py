@@ -9,6 +9,7 @@ the parameters.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -24,6 +25,10 @@ class NonFiniteError(FloatingPointError):
   """Too many consecutive steps had a NaN/Inf loss or gradient."""
 
 
+class Interrupted(Exception):
+  """A stop signal came during a phase `Preemption.interrupting` guards."""
+
+
 class Preemption:
   """Turns SIGTERM and SIGINT (Ctrl-C) into a request the loop checks
   between steps: the step in progress finishes, is saved, and the run ends
@@ -35,6 +40,7 @@ class Preemption:
   def __init__(self):
     self.requested: str | None = None  # the first signal's name
     self._previous = {}
+    self._interruptible = False
 
   def __enter__(self):
     def handler(signum, frame):
@@ -46,6 +52,9 @@ class Preemption:
         if signum == signal.SIGINT:
           sys.stderr.write("\nCtrl-C: saving after this step and stopping "
                            "(press Ctrl-C again to stop at once).\n")
+        if self._interruptible:
+          self._interruptible = False
+          raise Interrupted(self.requested)
     for signum in self.SIGNALS:
       try:
         self._previous[signum] = signal.signal(signum, handler)
@@ -57,6 +66,24 @@ class Preemption:
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
+
+  @contextlib.contextmanager
+  def interrupting(self):
+    """A phase the first stop signal cuts short (evaluation): it raises
+    `Interrupted` where the main thread is, so the run can save within
+    seconds of a preemption notice rather than after the phase. Only in a
+    single-process run: the hosts of a multi-host run would leave each other
+    waiting in the phase's collectives, so there the phase finishes."""
+    if jax.process_count() > 1 or not self._previous:
+      yield
+      return
+    if self.requested is not None:
+      raise Interrupted(self.requested)
+    self._interruptible = True
+    try:
+      yield
+    finally:
+      self._interruptible = False
 
   @property
   def name(self) -> str:

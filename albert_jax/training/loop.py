@@ -3,15 +3,19 @@
 `fit` steps a jitted train step over a stream of batches and does what every
 run needs around it: metrics to TensorBoard and the progress bar, periodic
 evaluation and checkpoints (the best kept by an eval metric), SIGTERM
-(preemption) handling, and the non-finite guard: a step with a NaN/Inf loss
-or gradient is skipped by the train step itself, and after
-`config.max_consecutive_nonfinite` skips in a row the run stops with a message
-naming the step and the offending parameters. What differs between
-pre-training and fine-tuning (data, model, eval) comes in as arguments.
+(preemption) handling (a signal during an evaluation cuts it short), and the
+non-finite guard: a step with a NaN/Inf loss or gradient is skipped by the
+train step itself, and after `config.max_consecutive_nonfinite` skips in a
+row the run stops with a message naming the step and the offending
+parameters. It also accounts for the run's wall time (`goodput`: goodput,
+badput by cause, slow steps, data stalls) and profiles the steps
+`config.profile` names (`profiling`). What differs between pre-training and
+fine-tuning (data, model, eval) comes in as arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -25,9 +29,11 @@ import jax
 from albert_jax import storage
 from albert_jax.model import flops as flops_lib
 from albert_jax.training import checkpoints
+from albert_jax.training import goodput as goodput_lib
 from albert_jax.training import guards
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import metrics as metrics_lib
+from albert_jax.training import profiling
 from albert_jax.training import recipe
 from albert_jax.training import state as state_lib
 
@@ -159,6 +165,17 @@ class FitResult:
   preempted_at: int | None
   skipped_steps: int
   stopped_by: str | None = None  # the signal that stopped it early
+  # `goodput.Account.summary` of the workdir's sessions, this one included.
+  goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _loader_hint(config) -> str:
+  """The data-stall warning's first fix: the run's own loader settings."""
+  data = config.get("data")
+  if data is None or "num_workers" not in data:
+    return ""
+  return (f"raise config.data.num_workers (now {data.num_workers}) or "
+          f"config.data.prefetch (now {data.get('prefetch')}), ")
 
 
 def fit(config, *, state, train_step: Callable, batches: Iterable,
@@ -166,7 +183,8 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
         evaluate: Callable[[Any, int], dict[str, float]] | None,
         flops_per_step: float, tokens_per_sequence: int,
         param_paths: list[str], best_key: str | None = None,
-        lease: lease_lib.Lease | None = None) -> FitResult:
+        lease: lease_lib.Lease | None = None,
+        started_at: float | None = None) -> FitResult:
   """Runs `train_step` over `batches` up to `config.num_train_steps`.
 
   Args:
@@ -186,20 +204,28 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
       (the manager's `best_metric`); None to rank none.
     lease: the workdir's lease; once another run has taken it over, the
       run stops before its next save (WorkdirBusyError).
+    started_at: `time.time()` when the run started (default: now), so that
+      goodput counts the start-up before `fit`.
 
   Returns:
-    The final state, the last eval, the preemption step (if any), and the
-    number of skipped (non-finite) steps.
+    The final state, the last eval, the preemption step (if any), the
+    number of skipped (non-finite) steps and the goodput summary.
   """
   run = _Fit(config, state=state, train_step=train_step, start_step=start_step,
              resumed=resumed, mngr=mngr, workdir=workdir, evaluate=evaluate,
              flops_per_step=flops_per_step,
              tokens_per_sequence=tokens_per_sequence, param_paths=param_paths,
-             best_key=best_key)
+             best_key=best_key, started_at=started_at)
+  account = run.account
   with guards.Preemption() as preemption:
+    run.preemption = preemption
     try:
+      account.book("startup")
       for step, batch in batches:
+        account.data_waited()
+        run.profiler.before(step + 1, run.state)
         done, m = run.train(step, batch)
+        run.last_batch = batch
         stop, lost = preemption.agreed(lease)
         if lost:
           raise lease_lib.WorkdirBusyError(
@@ -207,10 +233,16 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
               f"{done}; this run stopped without saving, so as not to touch "
               "that run's checkpoints.")
         last = done == config.num_train_steps
-        if done % config.log_every_steps == 0 or last:
+        logged = done % config.log_every_steps == 0 or last
+        if logged:
           run.log_train(done, m)
-        if done % config.eval_every_steps == 0 and not last:
-          run.evaluate(done)
+        account.step_done(done)
+        if run.profiler.after(done, run.state, batch):
+          account.book("profiling")
+        if logged:
+          run.log_goodput(done)
+        if done % config.eval_every_steps == 0 and not last and not stop:
+          stop = run.evaluate(done) or stop
         if done % config.checkpoint_every_steps == 0 and not last:
           run.save(done)
         if stop:
@@ -218,14 +250,16 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
                       done)
           run.shutdown(done)
           return run.result(preempted_at=done, stopped_by=preemption.name)
-      run.finish()  # a signal now waits for the final checkpoint
-      if preemption.requested is not None:  # it came during the final save
+      # A signal now cuts the final evaluation short, or waits for the final
+      # checkpoint.
+      run.finish()
+      run.close()
+      if preemption.requested is not None:
         return run.result(preempted_at=config.num_train_steps,
                           stopped_by=preemption.name)
     except BaseException:
       run.abandon()
       raise
-  run.writer.close()
   return run.result()
 
 
@@ -243,7 +277,8 @@ class _Fit:
                resumed: bool, mngr, workdir: str,
                evaluate: Callable[[Any, int], dict[str, float]] | None,
                flops_per_step: float, tokens_per_sequence: int,
-               param_paths: list[str], best_key: str | None):
+               param_paths: list[str], best_key: str | None,
+               started_at: float | None = None):
     self.config, self.state, self.train_step = config, state, train_step
     self.mngr, self.workdir, self.evaluate_fn = mngr, workdir, evaluate
     self.flops_per_step = flops_per_step
@@ -264,11 +299,21 @@ class _Fit:
     self.saved = {start_step} if resumed else set()
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
+    self.account = goodput_lib.Account(
+        workdir, goodput_lib.GoodputOptions.from_config(
+            config.get("goodput")), start_step=start_step,
+        started_at=started_at, enabled=is_main)
+    self.profiler = profiling.StepProfiler(
+        profiling.ProfileOptions.from_config(config.get("profile")), workdir,
+        session_start=start_step, lower=getattr(train_step, "lower", None))
+    self.preemption: guards.Preemption | None = None  # set by `fit`
+    self.last_batch = None
+    self.closed = False
 
   def result(self, preempted_at: int | None = None,
              stopped_by: str | None = None) -> FitResult:
     return FitResult(self.state, self.last_eval, preempted_at,
-                     self.guard.total, stopped_by)
+                     self.guard.total, stopped_by, self.account.summary())
 
   def train(self, step: int, batch) -> tuple[int, Any]:
     """Runs step `step` (checking the one before): (steps done, metrics)."""
@@ -331,12 +376,34 @@ class _Fit:
     self.writer.write(done, {f"train/{k}": v for k, v in m.items()})
     self.progress.update(done, m)
 
-  def evaluate(self, step: int) -> None:
+  def log_goodput(self, done: int) -> None:
+    """goodput/* and badput/* scalars, the data-stall check, and (in a
+    gs:// workdir, where goodput.json is not rewritten every step) the
+    goodput record."""
+    self.account.check_data_stall(_loader_hint(self.config))
+    self.writer.write(done, self.account.scalars())
+    if self.account.remote:
+      self.account.save()
+    self.account.book("idle")
+
+  def evaluate(self, step: int) -> bool:
+    """Evaluates step `step`; whether a stop signal cut it short."""
     if self.evaluate_fn is None:
-      return
-    self.last_eval = self.evaluate_fn(self.state, step)
+      return False
+    try:
+      with (self.preemption.interrupting() if self.preemption is not None
+            else contextlib.nullcontext()):
+        metrics = self.evaluate_fn(self.state, step)
+    except guards.Interrupted as e:
+      log.warning("%s during the evaluation of step %d: evaluation stopped "
+                  "unfinished, to save at once.", e, step)
+      self.account.book("evaluation")
+      return True
+    self.last_eval = metrics
     self.last_eval_step = step
     self.writer.write(step, {f"eval/{k}": v for k, v in self.last_eval.items()})
+    self.account.book("evaluation")
+    return False
 
   def save(self, step: int, force: bool = False) -> None:
     if step in self.saved:  # e.g. SIGTERM right after a periodic save
@@ -350,15 +417,29 @@ class _Fit:
     checkpoints.save(self.mngr, self.state, meta, metrics=metrics,
                      force=force)
     self.saved.add(step)
+    self.account.book("checkpoint")
 
   def finish(self) -> None:
     """The final evaluation and checkpoint."""
     self.check_pending()
     final_step = int(jax.device_get(self.state["step"]))
+    if self.profiler.after(final_step, self.state, self.last_batch,
+                           final=True):
+      self.account.book("profiling")
     if self.last_eval_step != final_step:
       self.evaluate(final_step)
     self.save(final_step, force=True)
     self.mngr.wait_until_finished()
+    self.account.book("checkpoint")
+
+  def close(self) -> None:
+    """Books the rest of the session and writes its goodput record."""
+    if self.closed:
+      return
+    self.closed = True
+    self.writer.close()
+    self.account.book("idle")
+    self.account.save()
 
   def abandon(self) -> None:
     """On an error: lets a checkpoint still being written (saves are
@@ -369,11 +450,18 @@ class _Fit:
     except Exception as e:  # pylint: disable=broad-except
       log.warning("The checkpoint being written when the run failed could "
                   "not be finished: %s", e)
-    self.writer.close()
+    self.profiler.abandon()
+    self.account.book("checkpoint")
+    try:
+      self.close()
+    except OSError as e:  # the error may be a full or unreachable workdir
+      log.warning("The goodput record could not be written: %s", e)
 
   def shutdown(self, step: int | None) -> None:
     """Saves step `step` (None: nothing) and closes the run before its end."""
+    self.profiler.abandon()
     if step is not None:
       self.save(step, force=True)
     self.mngr.wait_until_finished()
-    self.writer.close()
+    self.account.book("checkpoint")
+    self.close()

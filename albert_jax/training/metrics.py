@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import sys
@@ -20,6 +21,8 @@ import time
 from typing import Any, Mapping
 
 from etils import epath
+
+log = logging.getLogger(__name__)
 
 # Beside the event files: one JSON object per `Writer.write`, {"step": ...,
 # tag: value, ...}; `python -m albert_jax.tools.report` reads it.
@@ -106,9 +109,14 @@ class _Appender:
     self._local = None
     self._text = ""
     if not os.fspath(path).startswith("gs://"):
+      _drop_torn_line(path)
       self._local = path.open("a", encoding="utf-8")
     elif path.exists():
       self._text = path.read_text(encoding="utf-8")
+      cut = self._text.rfind("\n") + 1
+      if cut < len(self._text):
+        _note_torn_line(path, self._text[cut:])
+        self._text = self._text[:cut]
 
   def append(self, line: str) -> None:
     if self._local is not None:
@@ -121,6 +129,32 @@ class _Appender:
   def close(self) -> None:
     if self._local is not None:
       self._local.close()
+
+
+def _drop_torn_line(path: epath.Path) -> None:
+  """Cuts a local file back to its last complete line: a run killed while
+  appending leaves a line without its newline, which the next line appended
+  would run into."""
+  if not path.exists():
+    return
+  with open(path, "rb+") as f:
+    size = f.seek(0, os.SEEK_END)
+    if not size:
+      return
+    # Lines are short: the last complete one ends within the last 64 KiB.
+    start = max(size - 65536, 0)
+    f.seek(start)
+    tail = f.read()
+    if tail.endswith(b"\n"):
+      return
+    cut = tail.rfind(b"\n") + 1
+    f.truncate(start + cut)
+  _note_torn_line(path, tail[cut:].decode("utf-8", "replace"))
+
+
+def _note_torn_line(path: epath.Path, torn: str) -> None:
+  log.warning("%s: dropped its last line, cut short when the run writing it "
+              "was killed: %r", path, torn[:80])
 
 
 class _EpathEventFile:
@@ -195,7 +229,7 @@ class Progress:
     for key in ("seq_per_sec", "loss", "mlm_accuracy", "sop_accuracy"):
       if key in info and info[key] is not None:
         parts.append(f"{key.replace('_per_sec', '/s')} {info[key]:.3g}")
-    parts.append(f"ETA {_duration(eta)}")
+    parts.append(f"ETA {duration(eta)}")
     line = " | ".join(parts)
     if self.tty:
       self.stream.write("\r" + line + ("\n" if final else ""))
@@ -204,7 +238,8 @@ class Progress:
     self.stream.flush()
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+  """h:mm:ss, or m:ss under an hour; "?" for an unknown time."""
   if not math.isfinite(seconds):
     return "?"
   seconds = int(seconds)
@@ -213,12 +248,48 @@ def _duration(seconds: float) -> str:
   return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def final_summary(result: Mapping[str, float]) -> str:
-  """The closing lines of a run: MLM accuracy beside the unigram baseline."""
+def _count(n: int, what: str) -> str:
+  return f"{n} {what}{'s' * (n != 1)}"
+
+
+def goodput_lines(summary: Mapping[str, Any]) -> list[str]:
+  """A `goodput.Account.summary` as the final summary's lines: goodput,
+  badput by cause (largest first), lost and slow steps."""
+  from albert_jax.training import goodput  # pylint: disable=g-import-not-at-top
+  sessions = summary["sessions"]
+  if not sessions:
+    return []
+  lines = [f"Goodput {summary['goodput_percent']:.1f}% of "
+           f"{duration(summary['wall_seconds'])} wall time"
+           + (f" over {sessions} sessions" if sessions > 1 else "") + "."]
+  causes = sorted(goodput.BADPUT, key=lambda c: -summary["seconds"][c])
+  lines.append("Badput: " + (", ".join(
+      f"{c.replace('_', ' ')} {summary['percent'][c]:.1f}% "
+      f"({summary['seconds'][c]:.1f} s)"
+      for c in causes if summary["seconds"][c] >= 0.05) or "none") + ".")
+  if summary["lost_steps"]:
+    lines.append(f"Lost progress: {_count(summary['lost_steps'], 'step')} "
+                 "run again after a restart (past the checkpoint resumed "
+                 "from).")
+  if summary["slow_step_count"]:
+    more = summary["slow_step_count"] - len(summary["slow_steps"])
+    lines.append(
+        f"{_count(summary['slow_step_count'], 'slow step')} (over "
+        "config.goodput.slow_step_factor × the median): "
+        + ", ".join(map(str, summary["slow_steps"]))
+        + (f" and {more} more" if more > 0 else "") + ".")
+  return lines
+
+
+def final_summary(result: Mapping[str, Any]) -> str:
+  """The closing lines of a run: MLM accuracy beside the unigram baseline,
+  and where the wall time went."""
+  spent = goodput_lines(result["goodput"]) if result.get("goodput") else []
   if "preempted_at" in result:
-    return (f"Stopped by {result.get('stopped_by') or 'SIGTERM'} after "
-            f"step {result['preempted_at']}; the checkpoint is saved and the "
-            "same command resumes.")
+    return "\n".join([
+        f"Stopped by {result.get('stopped_by') or 'SIGTERM'} after step "
+        f"{result['preempted_at']}; the checkpoint is saved and the same "
+        "command resumes."] + spent)
   lines = [f"Finished at step {result.get('step')}."]
   if "eval_mlm_accuracy" in result:
     lines.append(
@@ -249,6 +320,7 @@ def final_summary(result: Mapping[str, float]) -> str:
       shown = (f"{p['label']} (probability {p['probability']:.3f})"
                if "label" in p else f"score {p['score']:.4f}")
       lines.append(f"new text → {shown}: {p['text'][:70]}")
+  lines += spent
   if "finetune" in result:
     lines += ["", final_summary(result["finetune"])]
   if "finetune_random_init" in result:

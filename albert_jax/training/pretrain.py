@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import flax.linen as nn
@@ -26,6 +27,7 @@ from albert_jax.text import run_tokenizer
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import profiling
 from albert_jax.training import recipe
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
@@ -83,16 +85,20 @@ def run(config, workdir: str) -> dict[str, Any]:
   The recipe is checked before anything is written (`recipe.check`), and the
   workdir is leased to this run while it trains (`lease.acquire`).
   """
+  started_at = time.time()  # goodput counts the start-up from here
   config_check.check(config)
+  profiling.check_can_trace(
+      profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   with lease_lib.acquire(workdir,
                          config.get("take_over_workdir", False)) as lease:
-    return _train(config, workdir, lease)
+    return _train(config, workdir, lease, started_at)
 
 
-def _train(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
+def _train(config, workdir: str, lease: lease_lib.Lease,
+           started_at: float) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
   ##############################################################################
   # Tokenizer and prepared data.
@@ -163,12 +169,14 @@ def _train(config, workdir: str, lease: lease_lib.Lease) -> dict[str, Any]:
       evaluate=run_eval if eval_loader is not None else None,
       flops_per_step=spec.flops_per_step, tokens_per_sequence=seq_len,
       param_paths=list(tree_lib.flatten(state["params"])),
-      best_key=config.best_metric, lease=lease)
+      best_key=config.best_metric, lease=lease, started_at=started_at)
   if out.preempted_at is not None:
-    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by}
+    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by,
+            "goodput": out.goodput}
   final_step = int(jax.device_get(out.state["step"]))
   result = {"step": final_step, "skipped_steps": out.skipped_steps,
-            **{f"eval_{k}": v for k, v in out.last_eval.items()}}
+            **{f"eval_{k}": v for k, v in out.last_eval.items()},
+            "goodput": out.goodput}
   if jax.process_index() == 0:
     storage.write_atomic(storage.path(workdir) / "final_metrics.json",
                          json.dumps(result, indent=2))

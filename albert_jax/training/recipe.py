@@ -50,7 +50,8 @@ MAY_CHANGE = (
     "fast_compile", "mesh", "sharding_rules", "accumulation_steps",
     "data.num_workers", "data.prefetch", "model.remat", "model.attention_impl",
     "model.layer_loop",
-    "finetune", "take_over_workdir", "num_train_steps",
+    "finetune", "take_over_workdir", "num_train_steps", "profile",
+    "goodput",
     # A fine-tuning run's starting weights: read only when it starts fresh.
     "init")
 # Read in blocks from both ends of a file: enough to tell a changed corpus or

@@ -56,6 +56,12 @@ def _updates_applied(opt_state, default: jax.Array) -> jax.Array:
   return counts[0] if counts else default
 
 
+# Name-stack scopes of the train step's parts after the backward pass.
+OPTIMIZER_SCOPE = "optimizer"
+GUARD_SCOPE = "nonfinite_guard"
+METRICS_SCOPE = "step_metrics"
+
+
 def make_train_step(objective, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, accumulation_steps: int = 1
                     ) -> Callable[[State, dict], tuple[State, dict]]:
@@ -120,27 +126,33 @@ def make_train_step(objective, tx: optax.GradientTransformation,
       # Back to the parameters' dtype, as a single step's gradients are.
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
 
-    # The barrier keeps XLA from copying the whole finiteness check into each
-    # parameter's and optimizer slot's update (it halves the step's HLO).
-    bad_leaves = jax.lax.optimization_barrier(nonfinite_leaves(grads))
-    ok = jnp.isfinite(loss) & ~jnp.any(bad_leaves)
-    updates, opt_state = tx.update(grads, state["opt_state"], params)
-    new_params = optax.apply_updates(params, updates)
-    bad_update = jax.lax.optimization_barrier(jnp.concatenate([
-        nonfinite_leaves(new_params),
-        jnp.any(nonfinite_leaves(opt_state), keepdims=True)]))
-    ok = ok & ~jnp.any(bad_update)
-    # A non-finite step keeps the old parameters and optimizer state.
-    keep = lambda new, old: jax.tree.map(
-        lambda n, o: jnp.where(ok, n, o), new, old)
-    new_params = keep(new_params, params)
-    opt_state = keep(opt_state, state["opt_state"])
-    metrics = objective.metrics(sums)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    metrics["param_norm"] = optax.tree.norm(new_params)
-    metrics["learning_rate"] = schedule(
-        _updates_applied(state["opt_state"], state["step"]))
-    metrics["skipped"] = 1.0 - ok.astype(jnp.float32)
+    # The named scopes give the step breakdown (tools/step_breakdown.py)
+    # the optimizer, the guard and the metrics as rows of their own.
+    with jax.named_scope(GUARD_SCOPE):
+      # The barrier keeps XLA from copying the whole finiteness check into
+      # each parameter's and optimizer slot's update (it halves the HLO).
+      bad_leaves = jax.lax.optimization_barrier(nonfinite_leaves(grads))
+      ok = jnp.isfinite(loss) & ~jnp.any(bad_leaves)
+    with jax.named_scope(OPTIMIZER_SCOPE):
+      updates, opt_state = tx.update(grads, state["opt_state"], params)
+      new_params = optax.apply_updates(params, updates)
+    with jax.named_scope(GUARD_SCOPE):
+      bad_update = jax.lax.optimization_barrier(jnp.concatenate([
+          nonfinite_leaves(new_params),
+          jnp.any(nonfinite_leaves(opt_state), keepdims=True)]))
+      ok = ok & ~jnp.any(bad_update)
+      # A non-finite step keeps the old parameters and optimizer state.
+      keep = lambda new, old: jax.tree.map(
+          lambda n, o: jnp.where(ok, n, o), new, old)
+      new_params = keep(new_params, params)
+      opt_state = keep(opt_state, state["opt_state"])
+    with jax.named_scope(METRICS_SCOPE):
+      metrics = objective.metrics(sums)
+      metrics["grad_norm"] = optax.tree.norm(grads)
+      metrics["param_norm"] = optax.tree.norm(new_params)
+      metrics["learning_rate"] = schedule(
+          _updates_applied(state["opt_state"], state["step"]))
+      metrics["skipped"] = 1.0 - ok.astype(jnp.float32)
     metrics["nonfinite_grads"] = bad_leaves
     metrics["nonfinite_update"] = bad_update
     new_state = {**state, "step": state["step"] + 1, "params": new_params,
@@ -175,6 +187,13 @@ def jit_train_step(step_fn, state_shardings_: State, mesh, rules,
   def run(state, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       return jitted(state, batch)
+
+  def lower(state, batch):
+    """The step lowered for these arguments' shapes, in the same mesh and
+    rules as `run` (so `.compile()` finds the program `run` compiled)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return jitted.lower(state, batch)
   run.jitted = jitted
+  run.lower = lower
   return run
 

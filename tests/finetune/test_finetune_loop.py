@@ -238,8 +238,12 @@ def test_resume_continues_to_the_same_parameters(toy, tmp_path):
   shutil.rmtree(tmp_path / "checkpoints" / "12")
   shutil.rmtree(tmp_path / "predictions")
   resumed = ft.run(config, str(tmp_path))
+  spent, spent_before = resumed.pop("goodput"), full.pop("goodput")
   assert resumed == full
   assert (tmp_path / "predictions" / "test.txt").read_text() == first
+  # Steps 9-12 ran again, in a second session: lost progress.
+  assert (spent_before["sessions"], spent_before["lost_steps"]) == (1, 0)
+  assert (spent["sessions"], spent["lost_steps"]) == (2, 4)
 
 
 def test_task_objective_accumulation_matches_one_batch(toy, fast_compile):

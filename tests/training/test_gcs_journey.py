@@ -283,8 +283,8 @@ def test_two_processes_share_one_gcs_workdir(gcs_bucket, tiny_sop_dataset,
     index, path = line.split(" ", 1)
     by_process.setdefault(int(index), []).append(path[len(workdir) + 1:])
   assert sorted(set(by_process[0])) == [
-      "config.json", "final_metrics.json", "git_commit.txt", "lease.json",
-      "recipe.json"]
+      "config.json", "final_metrics.json", "git_commit.txt", "goodput.json",
+      "lease.json", "recipe.json"]
   assert 1 not in by_process, by_process.get(1)
   shards = sorted(p.name for p in
                   storage.path(f"{workdir}/checkpoints/4/state").iterdir()

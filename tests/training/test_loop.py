@@ -1,6 +1,10 @@
 """The shared training loop: the non-finite guard and its stop."""
 
 import logging
+import os
+import signal
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -132,3 +136,33 @@ def test_fit_counts_isolated_skips_and_finishes(tmp_path):
   assert out.skipped_steps == 2
   assert int(out.state["step"]) == 10
   np.testing.assert_array_equal(out.state["params"]["w"], [8.0, 8.0])
+
+
+def test_sigterm_during_a_long_evaluation_saves_within_seconds(tmp_path):
+  """An evaluation of 200 batches × 50 ms (10 s) is cut short by SIGTERM:
+  the run saves the step it reached and stops, in well under a second."""
+  config = _config(eval_every_steps=4, checkpoint_every_steps=100)
+  state = {"step": jnp.zeros([], jnp.int32), "params": {"w": jnp.zeros(2)}}
+  mngr = checkpoints.manager(str(tmp_path), async_save=False)
+  signalled = []
+
+  def evaluate(st, step):
+    del st, step
+    signalled.append(time.time())
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    for _ in range(200):
+      time.sleep(0.05)
+    return {"accuracy": 1.0}
+
+  out = loop.fit(
+      config, state=state, train_step=_fake_step(100),
+      batches=((i, None) for i in range(config.num_train_steps)),
+      start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
+      evaluate=evaluate, flops_per_step=1.0, tokens_per_sequence=4,
+      param_paths=["w"])
+  stopped = time.time() - signalled[0] - 0.2
+  assert (out.preempted_at, out.stopped_by) == (4, "SIGTERM")
+  assert out.last_eval == {}  # the cut-short evaluation reports nothing
+  assert stopped < 2.0
+  assert checkpoints.available_steps(str(tmp_path)) == [4]
+  assert len(signalled) == 1

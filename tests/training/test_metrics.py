@@ -46,6 +46,34 @@ def test_metrics_jsonl_has_a_line_per_write(tmp_path):
       '{"step": 7, "train/loss": 1.25}']
 
 
+def test_a_line_torn_by_a_kill_is_dropped_on_resume(tmp_path, caplog):
+  """A run killed while appending leaves half a line; the resumed run's
+  writer drops it (with a note), so the report reads every line after."""
+  from albert_jax.tools import report  # pylint: disable=g-import-not-at-top
+  _write_two_steps(tmp_path)
+  with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+    f.write('{"step": 8, "train/lo')
+  with caplog.at_level("WARNING"):
+    w = metrics.Writer(str(tmp_path))
+  assert "dropped its last line" in caplog.text
+  assert '{"step": 8, "train/lo' in caplog.text
+  w.write(9, {"train/loss": 1.0})
+  w.close()
+  assert report.read_scalars(str(tmp_path))["train/loss"] == [
+      (3, 1.5), (7, 1.25), (9, 1.0)]
+
+
+def test_a_torn_line_is_dropped_in_the_bucket_too(gcs_bucket):
+  logdir = f"{gcs_bucket}/run/tensorboard"
+  jsonl = storage.path(f"{logdir}/metrics.jsonl")
+  jsonl.write_text('{"step": 3, "train/loss": 1.5}\n{"step": 4, "tr')
+  w = metrics.Writer(logdir)
+  w.write(5, {"train/loss": 1.25})
+  w.close()
+  assert jsonl.read_text() == ('{"step": 3, "train/loss": 1.5}\n'
+                               '{"step": 5, "train/loss": 1.25}\n')
+
+
 def test_a_resumed_runs_metrics_are_appended_in_the_bucket(gcs_bucket):
   """On gs:// too: a second writer (the resumed run) keeps the first's lines,
   and each line is in the bucket as soon as it is written."""

@@ -303,6 +303,21 @@ def test_resume_after_sigterm_matches_straight_run(runs):
   _assert_bitwise(_dumped(resumed), _dumped(straight), "final parameters")
 
 
+def test_steps_redone_after_the_sigkill_are_lost_progress(runs):
+  """Killed after step 8 with checkpoint 6: the next session books steps 7
+  and 8 as lost progress; goodput adds the three sessions up."""
+  with open(os.path.join(runs["resumed"].workdir, "goodput.json"),
+            encoding="utf-8") as f:
+    sessions = json.load(f)["sessions"]
+  assert [(s["start_step"], s["reached"], s["lost_steps"])
+          for s in sessions] == [(0, 8, 0), (6, 11, 2), (11, 12, 0)]
+  assert sessions[1]["seconds"]["lost_progress"] > 0  # step 8 (7 compiled)
+  terminated, resumed = runs["terminated"], runs["resumed"]
+  assert ("Lost progress: 2 steps run again after a restart"
+          in terminated.output), terminated.describe()
+  assert "wall time over 3 sessions." in resumed.output, resumed.describe()
+
+
 def test_load_pretrained_matches_trainer(runs, dataset):
   straight = runs["straight"]
   trained = _dumped(straight)
