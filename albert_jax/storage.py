@@ -21,9 +21,11 @@ what another process wrote.
 
 from __future__ import annotations
 
+import contextlib
 import glob as glob_lib
 import os
 import re
+from typing import BinaryIO, Iterator
 import uuid
 
 from etils import epath
@@ -117,9 +119,49 @@ def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:
   if is_remote(target):
     target.write_bytes(blob)
     return
+  with open_atomic(target) as f:
+    f.write(blob)
+
+
+@contextlib.contextmanager
+def open_atomic(p: str | os.PathLike) -> Iterator[BinaryIO]:
+  """A binary file to stream a user's output into, which appears under `p`
+  only once the `with` block ends without an error.
+
+  It is written under a temporary name beside `p` (`NAME.HEX.tmp`) and
+  renamed into place at the end, so an error or a kill part-way leaves the
+  earlier file at `p` as it was and nothing that looks finished under `p`.
+  On Cloud Storage the temporary object is copied into place; a failed
+  write deletes it.
+  """
+  target = path(p)
   tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex}.tmp")
-  tmp.write_bytes(blob)
-  os.replace(tmp, target)
+  try:
+    with tmp.open("wb") as f:
+      yield f
+    if is_remote(target):
+      tmp.replace(target)
+    else:
+      os.replace(tmp, target)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      tmp.unlink(missing_ok=True)
+    raise
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+  """Whether `a` and `b` name one file: the same object on Cloud Storage, or
+  locally the same file after links (`samefile`) or the same resolved
+  path, whether or not it exists yet."""
+  if is_remote(a) or is_remote(b):
+    return os.fspath(path(a)).rstrip("/") == os.fspath(path(b)).rstrip("/")
+  a, b = os.path.expanduser(os.fspath(a)), os.path.expanduser(os.fspath(b))
+  if os.path.realpath(a) == os.path.realpath(b):
+    return True
+  try:
+    return os.path.samefile(a, b)
+  except OSError:
+    return False
 
 
 def create_if_absent(p: str | os.PathLike, data: bytes) -> bool:

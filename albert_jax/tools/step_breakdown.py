@@ -51,6 +51,8 @@ import typing
 
 import jax
 
+from albert_jax import storage
+
 # (component, op_name pattern); the first match wins.
 COMPONENTS = (
     ("LayerNorm", r"layer_norm"),
@@ -401,6 +403,5 @@ def write_summary(result: StepBreakdown, directory: str,
   """Writes `to_markdown` to `directory`/summary.md; returns its path."""
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, "summary.md")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(to_markdown(result, title))
+  storage.write_atomic(path, to_markdown(result, title))
   return path

@@ -172,6 +172,91 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
       "the text columns with --columns.\n")
 
 
+def test_predict_cli_never_destroys_its_input_or_earlier_output(
+    classifier, tmp_path, capsys):
+  workdir, texts, _ = classifier
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+  before = source.read_bytes()
+  args = [f"--model={workdir}", "--no_progress"]
+  # The input named again, directly and through a symlink.
+  link = tmp_path / "link.jsonl"
+  link.symlink_to(source)
+  for same in (source, tmp_path / "." / "in.jsonl", link):
+    assert predict_files.main(args + [f"--input={source}",
+                                      f"--output={same}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output={same} is the input file; writing the predictions "
+        "there would destroy it. Give another --output, e.g. "
+        "--output=predictions.jsonl.\n")
+    assert source.read_bytes() == before
+  out = tmp_path / "out.jsonl"
+  assert predict_files.main(args + [f"--input={source}",
+                                    f"--output={out}"]) == 0
+  good = out.read_bytes()
+  assert len(good.splitlines()) == len(texts)
+  # A rerun that fails on its input keeps the earlier output as it was.
+  bad = tmp_path / "bad.tsv"
+  bad.write_text("words\nhello\n")
+  assert predict_files.main(args + [f"--input={bad}",
+                                    f"--output={out}"]) == 2
+  assert "no column 'text'" in capsys.readouterr().err
+  assert out.read_bytes() == good
+  assert sorted(os.listdir(tmp_path)) == ["bad.tsv", "in.jsonl", "link.jsonl",
+                                          "out.jsonl"]
+  # Bad sizes and a missing folder: one line each, before the model loads.
+  for flag, message in (
+      ("--batch_size=0", "--batch_size=0 must be a whole number >= 1, e.g. "
+       "--batch_size=32."),
+      ("--batch_size=-3", "--batch_size=-3 must be a whole number >= 1, e.g. "
+       "--batch_size=32."),
+      (f"--output={tmp_path}/no/such/o.jsonl",
+       f"--output={tmp_path}/no/such/o.jsonl: its folder {tmp_path}/no/such "
+       f"does not exist; create it (mkdir -p {tmp_path}/no/such) or write "
+       "into an existing folder.")):
+    assert predict_files.main(
+        [f"--model={tmp_path}/not-a-workdir", "--no_progress",
+         f"--input={source}", f"--output={out}", flag]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+  assert out.read_bytes() == good
+
+
+def test_a_prediction_cut_short_leaves_no_file_under_its_name(classifier,
+                                                               tmp_path):
+  """While rows are being written, nothing is under the output's name, so a
+  kill at any moment leaves no finished-looking file; an error part-way
+  leaves nothing at all."""
+  workdir, texts, _ = classifier
+  model = albert_jax.load_pretrained(workdir)
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+  out = tmp_path / "out.jsonl.gz"
+  seen = []
+
+  class Dies:
+    """`model`, whose third chunk is cut short (as a kill would)."""
+    task_type, settings = model.task_type, model.settings
+
+    def predict(self, inputs, batch_size):
+      seen.append(sorted(os.listdir(tmp_path)))
+      if len(seen) == 3:
+        raise KeyboardInterrupt
+      return model.predict(inputs, batch_size=batch_size)
+
+  with pytest.raises(KeyboardInterrupt):
+    predict_files.predict_file(Dies(), str(source), str(out), chunk_rows=2,
+                               progress=False)
+  assert len(seen) == 3
+  for listing in seen[1:]:  # a temporary file beside, not the output
+    assert len(listing) == 2 and listing[0] == "in.jsonl", listing
+    assert re.fullmatch(r"out\.jsonl\.gz\.[0-9a-f]{32}\.tmp", listing[1])
+  assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+  assert predict_files.predict_file(model, str(source), str(out),
+                                    progress=False) == len(texts)
+  assert len(gzip.decompress(out.read_bytes()).splitlines()) == len(texts)
+  assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl.gz"]
+
+
 ################################################################################
 # Several devices: the training code's sharding.
 ################################################################################
