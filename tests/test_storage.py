@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -67,6 +68,19 @@ def test_open_atomic_shows_the_old_file_until_the_new_one_is_whole(root):
       raise RuntimeError("bad row")
   assert target.read_text() == "new 1\nnew 2\n"
   assert [p.name for p in storage.path(root).iterdir()] == ["out.jsonl"]
+
+
+def test_age_is_read_from_the_storage_clock(root):
+  storage.path(root).mkdir(parents=True, exist_ok=True)
+  target = f"{root}/lease.json"
+  storage.write_atomic(target, "{}")
+  assert 0 <= storage.age(target) < 5
+  if not storage.is_remote(root):
+    os.utime(target, (0, 1000))  # written at 1000 s after the epoch
+    assert storage.age(target) == pytest.approx(time.time() - 1000, abs=5)
+  assert [p.name for p in storage.path(root).iterdir()] == ["lease.json"]
+  with pytest.raises(FileNotFoundError):
+    storage.age(f"{root}/none.json")
 
 
 def test_same_file(tmp_path):
