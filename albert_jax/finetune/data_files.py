@@ -61,7 +61,7 @@ def split_file(path: str, out_dir: str,
   table = tabular.read_table(path, header, "split_file input")
   keys = tabular.label_keys(
       tabular.column(table, label_column, "split_file input", "label_column"),
-      f"split_file input {path}")
+      f"split_file input {path}", table.lines)
   groups: dict[str, list[int]] = {}
   for i, key in enumerate(keys):
     groups.setdefault(key, []).append(i)
