@@ -468,6 +468,43 @@ def test_wordpiece_vocab_with_a_repeated_line(tmp_path):
     Tokenizer.from_file(str(path))
 
 
+def test_a_text_file_is_not_read_as_a_vocabulary(tmp_path):
+  notes = tmp_path / "notes.txt"
+  notes.write_text("secret one\nsecret two\n", encoding="utf-8")
+  with pytest.raises(ValueError) as e:
+    Tokenizer.from_file(str(notes))
+  assert str(e.value) == (
+      f"{notes} is not a WordPiece vocab.txt: no line is \"[UNK]\", which "
+      "every BERT vocabulary has. Give a tokenizer's vocab.txt (or its "
+      "spiece.model / tokenizer.json).")
+
+
+def test_a_recorded_tokenizer_path_never_leads_out_of_the_workdir(
+    tokenizer, tmp_path):
+  """A workdir's config.json naming `../…` is refused; a relative path is
+  read inside the workdir; absolute ones the user gave stay allowed."""
+  work = tmp_path / "w"
+  (work / "spm").mkdir(parents=True)
+  (work / "spm" / "spiece.model").write_bytes(open(tokenizer.path,
+                                                   "rb").read())
+  (tmp_path / "notes.txt").write_text("[UNK]\nsecret\n", encoding="utf-8")
+  (work / "link").symlink_to(tmp_path)
+  for escape in ("../notes.txt", "spm/../../notes.txt", "link/notes.txt"):
+    with pytest.raises(ValueError) as e:
+      run_tokenizer.find({"data": {"tokenizer": escape}}, str(work))
+    assert str(e.value) == (
+        f"{work}/config.json records data.tokenizer={escape!r}, a relative "
+        "path that leads outside the workdir; albert_jax does not follow "
+        "it. Give the file yourself (e.g. .tokenizer = "
+        "Tokenizer.from_file(PATH)), or record an absolute path or gs:// "
+        "URL in config.json.")
+  found = run_tokenizer.find({"data": {"tokenizer": "spm/spiece.model"}},
+                             str(work))
+  assert found.path == str(work / "spm" / "spiece.model")
+  assert run_tokenizer.find({"data": {"tokenizer": tokenizer.path}},
+                            str(work)).path == tokenizer.path
+
+
 ################################################################################
 # Checkpoints and workdirs.
 ################################################################################
