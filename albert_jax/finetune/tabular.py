@@ -146,6 +146,11 @@ def _records(path: str, ext: str):
         raise FileFormatError(f"{path}, line {number}: a JSON "
                               f"{type(obj).__name__}, not an object; write "
                               'one {"column": value, ...} object per line.')
+      bad = encoding.lone_surrogate(obj)
+      if bad:
+        raise FileFormatError(f"{path}, line {number}: {bad}. Fix the "
+                              "escape (a pair: \\ud83d\\ude00) or drop "
+                              "the line.")
       yield number, obj
   else:
     lines = _lines(path)

@@ -224,6 +224,18 @@ def test_errors_name_file_line_and_fix(tmp_path):
     file_task.make_task("files", _data(**d))
 
 
+def test_a_lone_surrogate_is_refused_by_file_and_line(tmp_path):
+  evalf = _write(tmp_path / "e.jsonl", '{"text": "fine", "label": "pos"}\n'
+                 '{"text": "half \\udc00", "label": "neg"}\n')
+  with pytest.raises(ValueError) as e:
+    file_task.make_task("files", _data(
+        train_file=_in_format(tmp_path / "t.tsv", ROWS), eval_file=evalf))
+  assert str(e.value) == (
+      f"{evalf}, line 2: 'half \\udc00' holds a lone UTF-16 surrogate "
+      "(\\udc00), half of an escaped pair, which is not text. Fix the "
+      "escape (a pair: \\ud83d\\ude00) or drop the line.")
+
+
 def test_the_run_summary_names_the_data_file(tmp_path):
   """Not the task's registry name ("files"): the file it was cut from, or
   else the training file."""
