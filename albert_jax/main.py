@@ -24,6 +24,13 @@ import os
 import sys
 
 
+# The most CPU devices --num_fake_devices stands up on one host: a v4-1024
+# slice's 512 chips. XLA's CPU client starts far more, but every device
+# brings its own threads and buffers, and thousands end in a JaxRuntimeError
+# (or a host out of memory) before a step compiles.
+MAX_FAKE_DEVICES = 512
+
+
 def _early_fake_devices(argv: list[str]) -> None:
   """--num_fake_devices must act before jax is imported anywhere."""
   for i, arg in enumerate(argv):
@@ -35,6 +42,11 @@ def _early_fake_devices(argv: list[str]) -> None:
     if value is not None and not value.isdigit():
       print(f"error: --num_fake_devices={value!r} must be a whole number "
             ">= 0, e.g. --num_fake_devices=8", file=sys.stderr)
+      sys.exit(2)
+    if value is not None and int(value) > MAX_FAKE_DEVICES:
+      print(f"error: --num_fake_devices={value} is more CPU devices than "
+            f"one host stands in for (at most {MAX_FAKE_DEVICES}); give a "
+            "smaller slice, e.g. --num_fake_devices=8", file=sys.stderr)
       sys.exit(2)
     if value and int(value) > 0:
       flags = os.environ.get("XLA_FLAGS", "")
