@@ -186,6 +186,13 @@ def _input_error(e: BaseException) -> bool:
 def main(argv):
   try:
     _main(argv)
+  except app.UsageError as e:
+    # absl would print every flag's help (43 lines) above the one that
+    # matters.
+    if _TRACEBACK.value:
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   except Exception as e:  # pylint: disable=broad-except
     if _TRACEBACK.value or not _input_error(e):
       raise
@@ -207,7 +214,9 @@ def _main(argv):
                         topology=_TOPOLOGY.value)
     return
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required.")
+    raise app.UsageError("--workdir is required: the directory the run "
+                         "keeps its checkpoints, logs and data in (and "
+                         "resumes from), e.g. --workdir=/tmp/albert_run.")
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
   workdir = storage.as_str(_WORKDIR.value)  # gs://… or an absolute path
   job = config.get("job", "pretrain")
@@ -242,6 +251,13 @@ def run():
   def parse(argv):
     try:
       return flags.FLAGS(argv)
+    except SyntaxError as e:  # in the config file, as config_flags loads it
+      if "--traceback" in argv:
+        raise
+      print(f"error: config file {e.filename}, line {e.lineno}: {e.msg} "
+            f"({(e.text or '').strip()!r}); fix the file, or give another "
+            "--config.", file=sys.stderr)
+      sys.exit(2)
     except (flags.Error, AttributeError, KeyError) as e:
       # ml-collections reports an unknown key as AttributeError/KeyError and
       # a bad value as a flags error: one clear line, no tracebacks.
