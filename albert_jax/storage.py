@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import glob as glob_lib
+import json
 import os
 import re
 from typing import BinaryIO, Iterator
@@ -108,6 +109,36 @@ def glob(pattern: str | os.PathLike) -> list[epath.Path]:
   import fsspec  # pylint: disable=g-import-not-at-top
   matches = fsspec.filesystem("gs").glob(text)
   return sorted((path(f"gs://{m}") for m in matches), key=os.fspath)
+
+
+class DamagedFileError(ValueError):
+  """A file the project wrote that no longer holds what it should (torn,
+  edited, or replaced)."""
+
+
+def read_json_object(p: str | os.PathLike, fix: str) -> dict:
+  """The JSON object in `p`, a file the project wrote.
+
+  Args:
+    p: the file, local or gs://.
+    fix: what to do about a damaged one, a sentence starting lower-case
+      ("delete it and rerun").
+
+  Raises:
+    FileNotFoundError: there is no such file.
+    DamagedFileError: it is not UTF-8 JSON, or holds no object; one line
+      naming the file, what is wrong and `fix`.
+  """
+  target = path(p)
+  try:
+    value = json.loads(target.read_bytes())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DamagedFileError(f"{target} is damaged (not valid JSON: {e}); "
+                           f"{fix}") from None
+  if not isinstance(value, dict):
+    raise DamagedFileError(f"{target} is damaged (it holds a JSON "
+                           f"{type(value).__name__}, not an object); {fix}")
+  return value
 
 
 def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:

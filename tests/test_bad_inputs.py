@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -626,3 +627,76 @@ def test_disk_full_during_a_checkpoint(tmp_path, monkeypatch, where):
   state, meta = checkpoints.restore_latest(checkpoints.manager(tmp_path),
                                            abstract, shardings)
   assert meta["step"] == 2 and int(state["step"]) == 2
+
+
+################################################################################
+# Damaged project files: one line naming the file, what is wrong, the fix.
+################################################################################
+
+
+_TORN = ('{"format": "albert_jax', "[1, 2]", "\xff\xfe")
+
+
+@pytest.mark.parametrize("text", _TORN)
+def test_a_damaged_dataset_json_names_itself_and_the_fix(tmp_path, text):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  (tmp_path / loader_lib.METADATA).write_bytes(text.encode("latin-1"))
+  with pytest.raises(storage.DamagedFileError) as e:
+    loader_lib.read_metadata(str(tmp_path))
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path}/{loader_lib.METADATA} is damaged (")
+  assert message.endswith(
+      f"; prepare the data again: delete {tmp_path} and rerun (a run prepares "
+      "its workdir's data/ itself), or run `python -m albert_jax.data.prepare` "
+      "into it.")
+  assert "\n" not in message
+
+
+def test_dataset_json_shards_outside_the_directory_are_refused(data_dir,
+                                                               tmp_path):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  metadata = json.loads(open(f"{data_dir}/{loader_lib.METADATA}").read())
+  metadata["splits"]["train"]["files"][0] = "../elsewhere/train-0.array_record"
+  (tmp_path / loader_lib.METADATA).write_text(json.dumps(metadata))
+  with pytest.raises(storage.DamagedFileError, match=re.escape(
+      f"{tmp_path}/{loader_lib.METADATA} is damaged (its \"splits\" are not "
+      f"lists of shard file names inside {tmp_path}); prepare the data "
+      "again")):
+    loader_lib.read_metadata(str(tmp_path))
+
+
+@pytest.mark.parametrize("text", _TORN)
+def test_a_damaged_recipe_json_names_itself_and_the_fix(tmp_path, text):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import recipe  # pylint: disable=g-import-not-at-top
+  (tmp_path / recipe.RECIPE).write_bytes(text.encode("latin-1"))
+  with pytest.raises(storage.DamagedFileError) as e:
+    recipe.check(tiny_config(), str(tmp_path))
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path}/{recipe.RECIPE} is damaged (")
+  assert message.endswith(
+      "; it records the recipe this workdir was trained with, so a resume "
+      "can be checked against it: restore it, or delete it to resume without "
+      "that check (the next run records it anew).")
+
+
+@pytest.mark.parametrize("text", _TORN + ('{"best_step": "soon"}',))
+def test_a_damaged_final_metrics_json_names_itself_and_the_fix(tmp_path,
+                                                              text):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.tools import sweep  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "final_metrics.json"
+  path.write_bytes(text.encode("latin-1"))
+  with pytest.raises(storage.DamagedFileError) as e:
+    predict_lib.best_step(str(tmp_path))
+  assert str(e.value).startswith(f"{path} is damaged (")
+  assert str(e.value).endswith(
+      "; rerun the fine-tuning command on this workdir to write it again, or "
+      "load step=None (the newest) or step=N.")
+  if "best_step" not in text:
+    with pytest.raises(sweep.SweepError) as e:
+      sweep.read_metrics(str(tmp_path))
+    assert str(e.value).endswith(
+        "; delete it, and the sweep runs that trial again (it resumes from "
+        "the trial's checkpoints).")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import json
 import os
 from typing import Any, Iterator
 
@@ -105,11 +104,28 @@ def read_metadata(data_dir: str) -> dict[str, Any]:
     raise FileNotFoundError(
         f"{data_dir} has no {METADATA} (missing, or its preparation did not "
         "finish); create it with `python -m albert_jax.data.prepare`.")
-  metadata = json.loads(path.read_text(encoding="utf-8"))
+  fix = (f"prepare the data again: delete {data_dir} and rerun (a run "
+         "prepares its workdir's data/ itself), or run `python -m "
+         "albert_jax.data.prepare` into it.")
+  metadata = storage.read_json_object(path, fix)
   if metadata.get("format") != FORMAT:
     raise ValueError(f"{path} has format {metadata.get('format')!r}, not "
                      f"{FORMAT!r}; prepare the data again.")
+  splits = metadata.get("splits")
+  if not isinstance(splits, dict) or not all(
+      isinstance(s, dict) and isinstance(s.get("files"), list) and all(
+          _plain_name(f) for f in s["files"]) for s in splits.values()):
+    raise storage.DamagedFileError(
+        f"{path} is damaged (its \"splits\" are not lists of shard file "
+        f"names inside {data_dir}); {fix}")
   return metadata
+
+
+def _plain_name(name) -> bool:
+  """Whether `name` names a file in the directory itself: shards listed in
+  dataset.json are read from there, never from a path it would lead to."""
+  return (isinstance(name, str) and name not in ("", ".", "..")
+          and "/" not in name and "\\" not in name)
 
 
 def record_files(data_dir: str, metadata: dict[str, Any], split: str

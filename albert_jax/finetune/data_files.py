@@ -137,9 +137,10 @@ def check_data(config, workdir: str) -> None:
       trained on (its config.json) and the fix.
   """
   path = storage.path(workdir) / recipe.RECIPE
-  if not path.is_file():
+  kept = recipe.read(workdir)
+  if kept is None:
     return  # a new run
-  was = json.loads(path.read_text(encoding="utf-8")).get("files", {})
+  was = kept.get("files") if isinstance(kept.get("files"), dict) else {}
   if not any(k in was for k in DATA_FILES):
     return  # a TFDS task: no data files
   data = config.data

@@ -137,7 +137,14 @@ def best_step(path: str) -> int:
         f"{path} has no final_metrics.json yet, which names the best "
         "checkpoint once the run finishes; load step=None (the newest) or "
         "step=N.")
-  return int(json.loads(metrics.read_text())["best_step"])
+  fix = ("rerun the fine-tuning command on this workdir to write it again, "
+         "or load step=None (the newest) or step=N.")
+  best = storage.read_json_object(metrics, fix).get("best_step")
+  if isinstance(best, bool) or not isinstance(best, int) or best < 0:
+    raise storage.DamagedFileError(
+        f"{metrics} is damaged (its best_step is {best!r}, not a step "
+        f"number); {fix}")
+  return best
 
 
 def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:

@@ -258,7 +258,14 @@ def read_metrics(workdir: str) -> dict | None:
   """The contents of WORKDIR/final_metrics.json (local or gs://), None if
   there is none."""
   path = storage.path(workdir) / "final_metrics.json"
-  return json.loads(path.read_text()) if path.exists() else None
+  if not path.exists():
+    return None
+  try:
+    return storage.read_json_object(
+        path, "delete it, and the sweep runs that trial again (it resumes "
+        "from the trial's checkpoints).")
+  except storage.DamagedFileError as e:
+    raise SweepError(str(e)) from None
 
 
 def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str,
@@ -373,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir, prefix = f"{root}/{name}", f"[{i}/{len(trials)}] {name}"
     # Printing commands need not reach gs://.
     remote = args.print_commands and storage.is_remote(root)
-    metrics[name] = None if remote else read_metrics(workdir)
+    try:
+      metrics[name] = None if remote else read_metrics(workdir)
+    except SweepError as e:
+      print(f"sweep: {e}", file=sys.stderr)
+      return 2
     status[name] = "missing" if metrics[name] is None else "done"
     cmd = _main_args(config, workdir, trial, extra)
     if status[name] == "done" and (why := other_arguments(workdir, cmd)):
