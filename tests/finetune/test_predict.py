@@ -172,6 +172,55 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
       "the text columns with --columns.\n")
 
 
+@pytest.mark.parametrize("change, problem", [
+    ({"max_seq_length": 10**12}, "max_seq_length 1000000000000 is not a "
+     "whole number in [1, 32], the model's positions"),
+    ({"max_seq_length": "32"}, "max_seq_length '32' is not a whole number "
+     "in [1, 32], the model's positions"),
+    ({"labels": "abc"}, "labels 'abc' are not a list of two or more "
+     "distinct label names"),
+    ({"labels": ["a", "a", "b"]}, "labels ['a', 'a', 'b'] are not a list of "
+     "two or more distinct label names"),
+    ({"task_type": 5}, "task_type 5 is not one of ('classification', "
+     "'regression', 'multiple_choice', 'question_answering', "
+     "'token_classification')"),
+    ({"lm_head": "yes"}, "lm_head 'yes' is not true or false"),
+])
+def test_a_damaged_task_json_is_refused_before_it_shapes_anything(
+    classifier, tmp_path, change, problem):
+  workdir, _, _ = classifier
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  task_file = copy / predict_lib.TASK_FILE
+  task_file.write_text(json.dumps({**json.loads(task_file.read_text()),
+                                   **change}))
+  with pytest.raises(CheckpointError) as e:
+    albert_jax.load_pretrained(str(copy))
+  assert str(e.value) == (
+      f"{copy}/{predict_lib.TASK_FILE} is damaged ({problem}); a fine-tuning "
+      "run writes it when it starts: rerun the fine-tuning command on this "
+      "workdir, or restore the file.")
+
+
+def test_task_json_sizes_and_shape_are_checked(classifier, tmp_path):
+  workdir, _, _ = classifier
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  task_file = copy / predict_lib.TASK_FILE
+  info = json.loads(task_file.read_text())
+  task_file.write_text(json.dumps({**info, "model": {**info["model"],
+                                                     "vocab_size": 10**12}}))
+  with pytest.raises(CheckpointError, match=re.escape(
+      "model.vocab_size=1000000000000 is more than albert_jax builds (at "
+      "most 4194304)")):
+    albert_jax.load_pretrained(str(copy))
+  task_file.write_text("[1, 2]")
+  with pytest.raises(CheckpointError, match=re.escape(
+      f"{copy}/{predict_lib.TASK_FILE} is damaged (it holds a JSON list, not "
+      "an object)")):
+    albert_jax.load_pretrained(str(copy))
+
+
 def test_predict_cli_never_destroys_its_input_or_earlier_output(
     classifier, tmp_path, capsys):
   workdir, texts, _ = classifier
