@@ -222,6 +222,34 @@ def _mtime(p: epath.Path) -> float:
   return os.stat(p).st_mtime
 
 
+def refuse_links_out(workdir: str | os.PathLike) -> None:
+  """Refuses a local workdir holding a symbolic link that leads outside it.
+
+  albert_jax makes no links; one planted in a workdir (metrics.jsonl → a
+  file elsewhere) would have every later write land outside it. Cloud
+  Storage has no links.
+
+  Raises:
+    PermissionError: naming the link, where it leads and the fix.
+  """
+  root = os.fspath(path(workdir))
+  if is_remote(root) or not os.path.isdir(root):
+    return
+  real = os.path.realpath(root).rstrip(os.sep) + os.sep
+  for directory, dirs, files in os.walk(root):
+    for name in dirs + files:
+      entry = os.path.join(directory, name)
+      if not os.path.islink(entry):
+        continue
+      target = os.path.realpath(entry)
+      if not target.startswith(real):
+        raise PermissionError(
+            f"{entry} is a symbolic link to {target}, outside the workdir; "
+            "albert_jax writes only inside its workdir and follows no link "
+            "it did not make. Replace the link with the file or directory "
+            "itself, or use another workdir.")
+
+
 def create_if_absent(p: str | os.PathLike, data: bytes) -> bool:
   """Writes `data` to `p` only if nothing is there; whether it did.
 

@@ -700,3 +700,31 @@ def test_a_damaged_final_metrics_json_names_itself_and_the_fix(tmp_path,
     assert str(e.value).endswith(
         "; delete it, and the sweep runs that trial again (it resumes from "
         "the trial's checkpoints).")
+
+
+@pytest.mark.parametrize("planted", ["metrics.jsonl", "checkpoints"])
+def test_a_workdir_with_a_link_out_of_it_is_refused(tmp_path, planted):
+  """Before anything is written: metrics used to be appended through a
+  planted link to a file outside the workdir."""
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (outside / "notes.txt").write_text("mine\n")
+  work = tmp_path / "w"
+  work.mkdir()
+  target = outside / "notes.txt" if planted == "metrics.jsonl" else outside
+  (work / planted).symlink_to(target)
+  before = snapshot(tmp_path)
+  with pytest.raises(PermissionError) as e:
+    pretrain.run(tiny_config(), str(work))
+  assert str(e.value) == (
+      f"{work}/{planted} is a symbolic link to {target}, outside the "
+      "workdir; albert_jax writes only inside its workdir and follows no "
+      "link it did not make. Replace the link with the file or directory "
+      "itself, or use another workdir.")
+  assert snapshot(tmp_path) == before
+  # A link that stays inside the workdir is the user's business.
+  (work / planted).unlink()
+  (work / "sub").mkdir()
+  (work / planted).symlink_to(work / "sub")
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  storage.refuse_links_out(str(work))

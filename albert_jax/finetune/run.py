@@ -119,6 +119,7 @@ def run(config, workdir: str,
   """
   optim.check(config)
   workdir = storage.as_str(workdir)
+  storage.refuse_links_out(workdir)
   check_data(config, workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)

@@ -85,6 +85,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   """
   config_check.check(config)
   workdir = storage.as_str(workdir)
+  storage.refuse_links_out(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   with lease_lib.acquire(workdir,
