@@ -153,6 +153,10 @@ class DamagedShardError(ValueError):
   """A prepared shard that cannot be read back (truncated or corrupted)."""
 
 
+_DAMAGED_FIX = ("Prepare the data again (python -m albert_jax.data.prepare) "
+                "into a new --output_dir, or restore the file from a copy.")
+
+
 class Loader:
   """Masked pre-training batches for one host.
 
@@ -270,11 +274,23 @@ class Loader:
     except Exception as e:  # pylint: disable=broad-except
       raise DamagedShardError(self._damaged(records.tolist(), e)) from e
     for row, (index, record) in enumerate(zip(records, raw)):
-      instance = instances_lib.from_bytes(record)
+      try:
+        instance = instances_lib.from_bytes(record)
+      except ValueError as e:
+        raise DamagedShardError(self._damaged_record(
+            int(index), f"is not an instance ({e})")) from None
       n = len(instance.tokens)
       if n > t:
         raise ValueError(f"Record {index} has {n} tokens, more than the "
                          f"dataset's max_seq_length {t}.")
+      if n and not 0 <= instance.tokens.min() <= instance.tokens.max() < (
+          self.vocab.size):
+        bad = int(instance.tokens.max() if instance.tokens.max()
+                  >= self.vocab.size else instance.tokens.min())
+        raise DamagedShardError(self._damaged_record(
+            int(index), f"holds token id {bad}, outside the vocabulary's "
+            f"{self.vocab.size} ids (the data was prepared with another "
+            "tokenizer, or is damaged)"))
       ids[row, :n] = instance.tokens
       types[row, :n] = instance.token_type_ids
       attention[row, :n] = 1
@@ -312,17 +328,25 @@ class Loader:
       try:
         self._source[index]
       except Exception:  # pylint: disable=broad-except
-        try:  # grain's record → (shard, position) map
-          shard, _ = self._source._reader_idx_and_position(index)  # pylint: disable=protected-access
-          where = f"{self.files[shard]} (record {index})"
-        except Exception:  # pylint: disable=broad-except
-          where = f"record {index} of " + ", ".join(self.files)
+        where = self._where(index)
         break
     brief = str(error).strip().splitlines()[0][:200] if str(error) else type(
         error).__name__
     return (f"Prepared data is damaged: {where} cannot be read ({brief}). "
-            "Prepare the data again (python -m albert_jax.data.prepare) into "
-            "a new --output_dir, or restore the file from a copy.")
+            + _DAMAGED_FIX)
+
+  def _damaged_record(self, index: int, what: str) -> str:
+    """The message for a record that reads but holds no valid instance."""
+    return f"Prepared data is damaged: {self._where(index)} {what}. " + (
+        _DAMAGED_FIX)
+
+  def _where(self, index: int) -> str:
+    """"SHARD (record N)", or the shards when grain's map cannot say."""
+    try:  # grain's record → (shard, position) map
+      shard, _ = self._source._reader_idx_and_position(index)  # pylint: disable=protected-access
+      return f"{self.files[shard]} (record {index})"
+    except Exception:  # pylint: disable=broad-except
+      return f"record {index} of " + ", ".join(self.files)
 
   def batch(self, step: int):
     """Global step `step`: global jax.Arrays if a sharding was given."""
