@@ -223,7 +223,15 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
   if problem:
     raise CheckpointError(f"{path}/{TASK_FILE} is damaged ({problem}); "
                           f"{fix}")
-  tokenizer = Tokenizer.find_in(root / TOKENIZER_DIR)
+  try:
+    tokenizer = Tokenizer.find_in(root / TOKENIZER_DIR)
+  except Exception as e:  # pylint: disable=broad-except
+    # SentencePiece reports an unparsable model as a bare RuntimeError.
+    raise CheckpointError(
+        f"{path}/{TOKENIZER_DIR} cannot be read as a tokenizer "
+        f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); it "
+        f"is damaged: restore the run's own {TOKENIZER_DIR}/ from a copy, or "
+        "fine-tune again.") from e
   if tokenizer is None:
     raise CheckpointError(f"{path} has no {TOKENIZER_DIR}/ holding the "
                           "vocabulary the run featurized its data with.")

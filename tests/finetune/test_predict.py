@@ -202,6 +202,22 @@ def test_a_damaged_task_json_is_refused_before_it_shapes_anything(
       "workdir, or restore the file.")
 
 
+def test_a_damaged_tokenizer_copy_is_one_line(classifier, tmp_path):
+  workdir, _, _ = classifier
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  model = copy / predict_lib.TOKENIZER_DIR / "spiece.model"
+  model.write_bytes(b"\x00garbage" * 40)
+  with pytest.raises(CheckpointError) as e:
+    albert_jax.load_pretrained(str(copy))
+  message = str(e.value)
+  assert message.startswith(f"{copy}/{predict_lib.TOKENIZER_DIR} cannot be "
+                            "read as a tokenizer (")
+  assert message.endswith("); it is damaged: restore the run's own "
+                          "tokenizer/ from a copy, or fine-tune again.")
+  assert "\n" not in message
+
+
 def test_task_json_sizes_and_shape_are_checked(classifier, tmp_path):
   workdir, _, _ = classifier
   copy = tmp_path / "copy"
