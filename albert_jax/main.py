@@ -24,6 +24,13 @@ import os
 import sys
 
 
+# The most CPU devices --num_fake_devices stands up on one host: a v4-1024
+# slice's 512 chips. XLA's CPU client starts far more, but every device
+# brings its own threads and buffers, and thousands end in a JaxRuntimeError
+# (or a host out of memory) before a step compiles.
+MAX_FAKE_DEVICES = 512
+
+
 def _early_fake_devices(argv: list[str]) -> None:
   """--num_fake_devices must act before jax is imported anywhere."""
   for i, arg in enumerate(argv):
@@ -35,6 +42,11 @@ def _early_fake_devices(argv: list[str]) -> None:
     if value is not None and not value.isdigit():
       print(f"error: --num_fake_devices={value!r} must be a whole number "
             ">= 0, e.g. --num_fake_devices=8", file=sys.stderr)
+      sys.exit(2)
+    if value is not None and int(value) > MAX_FAKE_DEVICES:
+      print(f"error: --num_fake_devices={value} is more CPU devices than "
+            f"one host stands in for (at most {MAX_FAKE_DEVICES}); give a "
+            "smaller slice, e.g. --num_fake_devices=8", file=sys.stderr)
       sys.exit(2)
     if value and int(value) > 0:
       flags = os.environ.get("XLA_FLAGS", "")
@@ -174,6 +186,13 @@ def _input_error(e: BaseException) -> bool:
 def main(argv):
   try:
     _main(argv)
+  except app.UsageError as e:
+    # absl would print every flag's help (43 lines) above the one that
+    # matters.
+    if _TRACEBACK.value:
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   except Exception as e:  # pylint: disable=broad-except
     if _TRACEBACK.value or not _input_error(e):
       raise
@@ -195,7 +214,9 @@ def _main(argv):
                         topology=_TOPOLOGY.value)
     return
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required.")
+    raise app.UsageError("--workdir is required: the directory the run "
+                         "keeps its checkpoints, logs and data in (and "
+                         "resumes from), e.g. --workdir=/tmp/albert_run.")
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
   workdir = storage.as_str(_WORKDIR.value)  # gs://… or an absolute path
   job = config.get("job", "pretrain")
@@ -230,6 +251,13 @@ def run():
   def parse(argv):
     try:
       return flags.FLAGS(argv)
+    except SyntaxError as e:  # in the config file, as config_flags loads it
+      if "--traceback" in argv:
+        raise
+      print(f"error: config file {e.filename}, line {e.lineno}: {e.msg} "
+            f"({(e.text or '').strip()!r}); fix the file, or give another "
+            "--config.", file=sys.stderr)
+      sys.exit(2)
     except (flags.Error, AttributeError, KeyError) as e:
       # ml-collections reports an unknown key as AttributeError/KeyError and
       # a bad value as a flags error: one clear line, no tracebacks.

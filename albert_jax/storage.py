@@ -21,9 +21,12 @@ what another process wrote.
 
 from __future__ import annotations
 
+import contextlib
 import glob as glob_lib
+import json
 import os
 import re
+from typing import BinaryIO, Iterator
 import uuid
 
 from etils import epath
@@ -108,6 +111,36 @@ def glob(pattern: str | os.PathLike) -> list[epath.Path]:
   return sorted((path(f"gs://{m}") for m in matches), key=os.fspath)
 
 
+class DamagedFileError(ValueError):
+  """A file the project wrote that no longer holds what it should (torn,
+  edited, or replaced)."""
+
+
+def read_json_object(p: str | os.PathLike, fix: str) -> dict:
+  """The JSON object in `p`, a file the project wrote.
+
+  Args:
+    p: the file, local or gs://.
+    fix: what to do about a damaged one, a sentence starting lower-case
+      ("delete it and rerun").
+
+  Raises:
+    FileNotFoundError: there is no such file.
+    DamagedFileError: it is not UTF-8 JSON, or holds no object; one line
+      naming the file, what is wrong and `fix`.
+  """
+  target = path(p)
+  try:
+    value = json.loads(target.read_bytes())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DamagedFileError(f"{target} is damaged (not valid JSON: {e}); "
+                           f"{fix}") from None
+  if not isinstance(value, dict):
+    raise DamagedFileError(f"{target} is damaged (it holds a JSON "
+                           f"{type(value).__name__}, not an object); {fix}")
+  return value
+
+
 def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:
   """Writes `data` to `p` so that a reader sees the old file or the new one,
   never part of it: a local file is written beside and renamed; a Cloud
@@ -117,9 +150,104 @@ def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:
   if is_remote(target):
     target.write_bytes(blob)
     return
+  with open_atomic(target) as f:
+    f.write(blob)
+
+
+@contextlib.contextmanager
+def open_atomic(p: str | os.PathLike) -> Iterator[BinaryIO]:
+  """A binary file to stream a user's output into, which appears under `p`
+  only once the `with` block ends without an error.
+
+  It is written under a temporary name beside `p` (`NAME.HEX.tmp`) and
+  renamed into place at the end, so an error or a kill part-way leaves the
+  earlier file at `p` as it was and nothing that looks finished under `p`.
+  On Cloud Storage the temporary object is copied into place; a failed
+  write deletes it.
+  """
+  target = path(p)
   tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex}.tmp")
-  tmp.write_bytes(blob)
-  os.replace(tmp, target)
+  try:
+    with tmp.open("wb") as f:
+      yield f
+    if is_remote(target):
+      tmp.replace(target)
+    else:
+      os.replace(tmp, target)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      tmp.unlink(missing_ok=True)
+    raise
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+  """Whether `a` and `b` name one file: the same object on Cloud Storage, or
+  locally the same file after links (`samefile`) or the same resolved
+  path, whether or not it exists yet."""
+  if is_remote(a) or is_remote(b):
+    return os.fspath(path(a)).rstrip("/") == os.fspath(path(b)).rstrip("/")
+  a, b = os.path.expanduser(os.fspath(a)), os.path.expanduser(os.fspath(b))
+  if os.path.realpath(a) == os.path.realpath(b):
+    return True
+  try:
+    return os.path.samefile(a, b)
+  except OSError:
+    return False
+
+
+def age(p: str | os.PathLike) -> float:
+  """Seconds since `p` was last written, by the clock of the storage that
+  holds it: a probe file is written beside `p` and the two modification
+  times (both set by the filesystem or by Cloud Storage) are compared. No
+  host's own clock enters, so hosts whose clocks disagree judge alike.
+
+  Raises:
+    FileNotFoundError: `p` does not exist.
+  """
+  target = path(p)
+  probe = target.with_name(f"{target.name}.{uuid.uuid4().hex}.clock")
+  probe.write_bytes(b"")
+  try:
+    # `p` is read after the probe is written: a `p` rewritten in between
+    # reads as new (age 0), never as older than it is.
+    return max(0.0, _mtime(probe) - _mtime(target))
+  finally:
+    with contextlib.suppress(OSError):
+      probe.unlink(missing_ok=True)
+
+
+def _mtime(p: epath.Path) -> float:
+  if is_remote(p):
+    return float(p.stat().mtime)
+  return os.stat(p).st_mtime
+
+
+def refuse_links_out(workdir: str | os.PathLike) -> None:
+  """Refuses a local workdir holding a symbolic link that leads outside it.
+
+  albert_jax makes no links; one planted in a workdir (metrics.jsonl → a
+  file elsewhere) would have every later write land outside it. Cloud
+  Storage has no links.
+
+  Raises:
+    PermissionError: naming the link, where it leads and the fix.
+  """
+  root = os.fspath(path(workdir))
+  if is_remote(root) or not os.path.isdir(root):
+    return
+  real = os.path.realpath(root).rstrip(os.sep) + os.sep
+  for directory, dirs, files in os.walk(root):
+    for name in dirs + files:
+      entry = os.path.join(directory, name)
+      if not os.path.islink(entry):
+        continue
+      target = os.path.realpath(entry)
+      if not target.startswith(real):
+        raise PermissionError(
+            f"{entry} is a symbolic link to {target}, outside the workdir; "
+            "albert_jax writes only inside its workdir and follows no link "
+            "it did not make. Replace the link with the file or directory "
+            "itself, or use another workdir.")
 
 
 def create_if_absent(p: str | os.PathLike, data: bytes) -> bool:

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -468,6 +469,43 @@ def test_wordpiece_vocab_with_a_repeated_line(tmp_path):
     Tokenizer.from_file(str(path))
 
 
+def test_a_text_file_is_not_read_as_a_vocabulary(tmp_path):
+  notes = tmp_path / "notes.txt"
+  notes.write_text("secret one\nsecret two\n", encoding="utf-8")
+  with pytest.raises(ValueError) as e:
+    Tokenizer.from_file(str(notes))
+  assert str(e.value) == (
+      f"{notes} is not a WordPiece vocab.txt: no line is \"[UNK]\", which "
+      "every BERT vocabulary has. Give a tokenizer's vocab.txt (or its "
+      "spiece.model / tokenizer.json).")
+
+
+def test_a_recorded_tokenizer_path_never_leads_out_of_the_workdir(
+    tokenizer, tmp_path):
+  """A workdir's config.json naming `../…` is refused; a relative path is
+  read inside the workdir; absolute ones the user gave stay allowed."""
+  work = tmp_path / "w"
+  (work / "spm").mkdir(parents=True)
+  (work / "spm" / "spiece.model").write_bytes(open(tokenizer.path,
+                                                   "rb").read())
+  (tmp_path / "notes.txt").write_text("[UNK]\nsecret\n", encoding="utf-8")
+  (work / "link").symlink_to(tmp_path)
+  for escape in ("../notes.txt", "spm/../../notes.txt", "link/notes.txt"):
+    with pytest.raises(ValueError) as e:
+      run_tokenizer.find({"data": {"tokenizer": escape}}, str(work))
+    assert str(e.value) == (
+        f"{work}/config.json records data.tokenizer={escape!r}, a relative "
+        "path that leads outside the workdir; albert_jax does not follow "
+        "it. Give the file yourself (e.g. .tokenizer = "
+        "Tokenizer.from_file(PATH)), or record an absolute path or gs:// "
+        "URL in config.json.")
+  found = run_tokenizer.find({"data": {"tokenizer": "spm/spiece.model"}},
+                             str(work))
+  assert found.path == str(work / "spm" / "spiece.model")
+  assert run_tokenizer.find({"data": {"tokenizer": tokenizer.path}},
+                            str(work)).path == tokenizer.path
+
+
 ################################################################################
 # Checkpoints and workdirs.
 ################################################################################
@@ -589,3 +627,104 @@ def test_disk_full_during_a_checkpoint(tmp_path, monkeypatch, where):
   state, meta = checkpoints.restore_latest(checkpoints.manager(tmp_path),
                                            abstract, shardings)
   assert meta["step"] == 2 and int(state["step"]) == 2
+
+
+################################################################################
+# Damaged project files: one line naming the file, what is wrong, the fix.
+################################################################################
+
+
+_TORN = ('{"format": "albert_jax', "[1, 2]", "\xff\xfe")
+
+
+@pytest.mark.parametrize("text", _TORN)
+def test_a_damaged_dataset_json_names_itself_and_the_fix(tmp_path, text):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  (tmp_path / loader_lib.METADATA).write_bytes(text.encode("latin-1"))
+  with pytest.raises(storage.DamagedFileError) as e:
+    loader_lib.read_metadata(str(tmp_path))
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path}/{loader_lib.METADATA} is damaged (")
+  assert message.endswith(
+      f"; prepare the data again: delete {tmp_path} and rerun (a run prepares "
+      "its workdir's data/ itself), or run `python -m albert_jax.data.prepare` "
+      "into it.")
+  assert "\n" not in message
+
+
+def test_dataset_json_shards_outside_the_directory_are_refused(data_dir,
+                                                               tmp_path):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  metadata = json.loads(open(f"{data_dir}/{loader_lib.METADATA}").read())
+  metadata["splits"]["train"]["files"][0] = "../elsewhere/train-0.array_record"
+  (tmp_path / loader_lib.METADATA).write_text(json.dumps(metadata))
+  with pytest.raises(storage.DamagedFileError, match=re.escape(
+      f"{tmp_path}/{loader_lib.METADATA} is damaged (its \"splits\" are not "
+      f"lists of shard file names inside {tmp_path}); prepare the data "
+      "again")):
+    loader_lib.read_metadata(str(tmp_path))
+
+
+@pytest.mark.parametrize("text", _TORN)
+def test_a_damaged_recipe_json_names_itself_and_the_fix(tmp_path, text):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import recipe  # pylint: disable=g-import-not-at-top
+  (tmp_path / recipe.RECIPE).write_bytes(text.encode("latin-1"))
+  with pytest.raises(storage.DamagedFileError) as e:
+    recipe.check(tiny_config(), str(tmp_path))
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path}/{recipe.RECIPE} is damaged (")
+  assert message.endswith(
+      "; it records the recipe this workdir was trained with, so a resume "
+      "can be checked against it: restore it, or delete it to resume without "
+      "that check (the next run records it anew).")
+
+
+@pytest.mark.parametrize("text", _TORN + ('{"best_step": "soon"}',))
+def test_a_damaged_final_metrics_json_names_itself_and_the_fix(tmp_path,
+                                                              text):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.tools import sweep  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "final_metrics.json"
+  path.write_bytes(text.encode("latin-1"))
+  with pytest.raises(storage.DamagedFileError) as e:
+    predict_lib.best_step(str(tmp_path))
+  assert str(e.value).startswith(f"{path} is damaged (")
+  assert str(e.value).endswith(
+      "; rerun the fine-tuning command on this workdir to write it again, or "
+      "load step=None (the newest) or step=N.")
+  if "best_step" not in text:
+    with pytest.raises(sweep.SweepError) as e:
+      sweep.read_metrics(str(tmp_path))
+    assert str(e.value).endswith(
+        "; delete it, and the sweep runs that trial again (it resumes from "
+        "the trial's checkpoints).")
+
+
+@pytest.mark.parametrize("planted", ["metrics.jsonl", "checkpoints"])
+def test_a_workdir_with_a_link_out_of_it_is_refused(tmp_path, planted):
+  """Before anything is written: metrics used to be appended through a
+  planted link to a file outside the workdir."""
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (outside / "notes.txt").write_text("mine\n")
+  work = tmp_path / "w"
+  work.mkdir()
+  target = outside / "notes.txt" if planted == "metrics.jsonl" else outside
+  (work / planted).symlink_to(target)
+  before = snapshot(tmp_path)
+  with pytest.raises(PermissionError) as e:
+    pretrain.run(tiny_config(), str(work))
+  assert str(e.value) == (
+      f"{work}/{planted} is a symbolic link to {target}, outside the "
+      "workdir; albert_jax writes only inside its workdir and follows no "
+      "link it did not make. Replace the link with the file or directory "
+      "itself, or use another workdir.")
+  assert snapshot(tmp_path) == before
+  # A link that stays inside the workdir is the user's business.
+  (work / planted).unlink()
+  (work / "sub").mkdir()
+  (work / planted).symlink_to(work / "sub")
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  storage.refuse_links_out(str(work))

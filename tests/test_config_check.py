@@ -114,6 +114,10 @@ def test_cli_bad_values_and_flags_are_one_line(tmp_path):
       (["--num_fake_devices=abc"],
        "error: --num_fake_devices='abc' must be a whole number >= 0, e.g. "
        "--num_fake_devices=8"),
+      (["--num_fake_devices=4096"],
+       "error: --num_fake_devices=4096 is more CPU devices than one host "
+       "stands in for (at most 512); give a smaller slice, e.g. "
+       "--num_fake_devices=8"),
       (["--config.finetune_steps=0"],
        "error: Unknown config key 'finetune_steps': config has no field "
        "'finetune_steps'. Did you mean checkpoint_every_steps, "

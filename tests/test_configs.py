@@ -367,3 +367,13 @@ def test_bert_trains_by_berts_recipe_unless_asked_for_albert():
   with pytest.raises(ValueError, match="Unknown BERT recipe 'roberta'; "
                      "choose one of bert, albert."):
     get_config("bert_large", "recipe=roberta")
+
+
+def test_tiny_runs_at_cpu_size():
+  """configs/tiny.py is for CPU smoke runs: its run, not only its model, is
+  small (it kept the paper's batch 4096 for 125k steps, 10 GB of RAM)."""
+  c = get_config("tiny")
+  assert (c.batch_size, c.num_train_steps, c.optimizer.warmup_steps) == (
+      8, 100, 10)
+  assert (c.eval_every_steps, c.checkpoint_every_steps, c.eval_batches,
+          c.data.max_seq_length) == (50, 50, 2, 128)

@@ -166,3 +166,28 @@ def test_vocab_mismatch_names_the_fix(small_corpus, tmp_path):
               f"--workdir={tmp_path / 'other'}")
   assert proc.returncode != 0
   assert "--config.model.vocab_size=600" in proc.stderr
+
+
+def test_a_missing_workdir_and_a_config_syntax_error_are_one_line(tmp_path):
+  """Not 43 lines of flag help, nor a traceback through runpy and absl."""
+  from plugin_noise import without_plugin_noise  # pylint: disable=g-import-not-at-top
+  bad = tmp_path / "bad.py"
+  bad.write_text("def get_config(:\n  pass\n")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  runs = {
+      ("--config=configs/tiny.py",): (
+          "error: --workdir is required: the directory the run keeps its "
+          "checkpoints, logs and data in (and resumes from), e.g. "
+          "--workdir=/tmp/albert_run."),
+      (f"--config={bad}", f"--workdir={tmp_path / 'w'}"): (
+          f"error: config file {bad}, line 1: invalid syntax ('def "
+          "get_config(:'); fix the file, or give another --config.")}
+  procs = {args: subprocess.Popen(
+      [sys.executable, "-m", "albert_jax.main", *args], cwd=REPO, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for args in runs}
+  for args, line in runs.items():
+    _, err = procs[args].communicate(timeout=300)
+    assert procs[args].returncode == 2, err[-2000:]
+    assert without_plugin_noise(err).strip().splitlines() == [line], err[-2000:]
+  assert not (tmp_path / "w").exists()

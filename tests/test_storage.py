@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -50,6 +51,48 @@ def test_write_read_glob(root):
   # No temporary file is left beside the written one.
   assert sorted(p.name for p in storage.path(root).iterdir()) == [
       "a.txt", "b.txt", "d.json", "sub"]
+
+
+def test_open_atomic_shows_the_old_file_until_the_new_one_is_whole(root):
+  storage.path(root).mkdir(parents=True, exist_ok=True)
+  target = storage.path(f"{root}/out.jsonl")
+  storage.write_atomic(target, "old\n")
+  with storage.open_atomic(target) as f:
+    f.write(b"new 1\n")
+    assert target.read_text() == "old\n"  # still the old one
+    f.write(b"new 2\n")
+  assert target.read_text() == "new 1\nnew 2\n"
+  with pytest.raises(RuntimeError, match="bad row"):
+    with storage.open_atomic(target) as f:
+      f.write(b"half")
+      raise RuntimeError("bad row")
+  assert target.read_text() == "new 1\nnew 2\n"
+  assert [p.name for p in storage.path(root).iterdir()] == ["out.jsonl"]
+
+
+def test_age_is_read_from_the_storage_clock(root):
+  storage.path(root).mkdir(parents=True, exist_ok=True)
+  target = f"{root}/lease.json"
+  storage.write_atomic(target, "{}")
+  assert 0 <= storage.age(target) < 5
+  if not storage.is_remote(root):
+    os.utime(target, (0, 1000))  # written at 1000 s after the epoch
+    assert storage.age(target) == pytest.approx(time.time() - 1000, abs=5)
+  assert [p.name for p in storage.path(root).iterdir()] == ["lease.json"]
+  with pytest.raises(FileNotFoundError):
+    storage.age(f"{root}/none.json")
+
+
+def test_same_file(tmp_path):
+  (tmp_path / "a").write_text("x")
+  (tmp_path / "l").symlink_to(tmp_path / "a")
+  os.link(tmp_path / "a", tmp_path / "h")
+  for same in ("a", "./a", "l", "h", "../" + tmp_path.name + "/a"):
+    assert storage.same_file(tmp_path / "a", f"{tmp_path}/{same}"), same
+  assert storage.same_file(tmp_path / "new", f"{tmp_path}/./new")
+  assert not storage.same_file(tmp_path / "a", tmp_path / "b")
+  assert storage.same_file("gs://b/x/a", "gs://b/x/a")
+  assert not storage.same_file("gs://b/x/a", "gs://b/x/b")
 
 
 def test_create_if_absent_one_winner(root):

@@ -299,6 +299,10 @@ def _jsonl_texts(path: str, field: str, stats: ReadStats) -> Iterator[str]:
       stats.skip("skipped_records", where,
                  f"field {field!r} is {type(text).__name__}, not text")
       continue
+    bad = encoding.lone_surrogate(text)
+    if bad:
+      stats.skip("skipped_records", where, f"field {field!r}: {bad}")
+      continue
     yield text
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import json
 import os
 from typing import Any, Iterator
 
@@ -105,11 +104,28 @@ def read_metadata(data_dir: str) -> dict[str, Any]:
     raise FileNotFoundError(
         f"{data_dir} has no {METADATA} (missing, or its preparation did not "
         "finish); create it with `python -m albert_jax.data.prepare`.")
-  metadata = json.loads(path.read_text(encoding="utf-8"))
+  fix = (f"prepare the data again: delete {data_dir} and rerun (a run "
+         "prepares its workdir's data/ itself), or run `python -m "
+         "albert_jax.data.prepare` into it.")
+  metadata = storage.read_json_object(path, fix)
   if metadata.get("format") != FORMAT:
     raise ValueError(f"{path} has format {metadata.get('format')!r}, not "
                      f"{FORMAT!r}; prepare the data again.")
+  splits = metadata.get("splits")
+  if not isinstance(splits, dict) or not all(
+      isinstance(s, dict) and isinstance(s.get("files"), list) and all(
+          _plain_name(f) for f in s["files"]) for s in splits.values()):
+    raise storage.DamagedFileError(
+        f"{path} is damaged (its \"splits\" are not lists of shard file "
+        f"names inside {data_dir}); {fix}")
   return metadata
+
+
+def _plain_name(name) -> bool:
+  """Whether `name` names a file in the directory itself: shards listed in
+  dataset.json are read from there, never from a path it would lead to."""
+  return (isinstance(name, str) and name not in ("", ".", "..")
+          and "/" not in name and "\\" not in name)
 
 
 def record_files(data_dir: str, metadata: dict[str, Any], split: str
@@ -135,6 +151,10 @@ def record_files(data_dir: str, metadata: dict[str, Any], split: str
 
 class DamagedShardError(ValueError):
   """A prepared shard that cannot be read back (truncated or corrupted)."""
+
+
+_DAMAGED_FIX = ("Prepare the data again (python -m albert_jax.data.prepare) "
+                "into a new --output_dir, or restore the file from a copy.")
 
 
 class Loader:
@@ -254,11 +274,23 @@ class Loader:
     except Exception as e:  # pylint: disable=broad-except
       raise DamagedShardError(self._damaged(records.tolist(), e)) from e
     for row, (index, record) in enumerate(zip(records, raw)):
-      instance = instances_lib.from_bytes(record)
+      try:
+        instance = instances_lib.from_bytes(record)
+      except ValueError as e:
+        raise DamagedShardError(self._damaged_record(
+            int(index), f"is not an instance ({e})")) from None
       n = len(instance.tokens)
       if n > t:
         raise ValueError(f"Record {index} has {n} tokens, more than the "
                          f"dataset's max_seq_length {t}.")
+      if n and not 0 <= instance.tokens.min() <= instance.tokens.max() < (
+          self.vocab.size):
+        bad = int(instance.tokens.max() if instance.tokens.max()
+                  >= self.vocab.size else instance.tokens.min())
+        raise DamagedShardError(self._damaged_record(
+            int(index), f"holds token id {bad}, outside the vocabulary's "
+            f"{self.vocab.size} ids (the data was prepared with another "
+            "tokenizer, or is damaged)"))
       ids[row, :n] = instance.tokens
       types[row, :n] = instance.token_type_ids
       attention[row, :n] = 1
@@ -296,17 +328,25 @@ class Loader:
       try:
         self._source[index]
       except Exception:  # pylint: disable=broad-except
-        try:  # grain's record → (shard, position) map
-          shard, _ = self._source._reader_idx_and_position(index)  # pylint: disable=protected-access
-          where = f"{self.files[shard]} (record {index})"
-        except Exception:  # pylint: disable=broad-except
-          where = f"record {index} of " + ", ".join(self.files)
+        where = self._where(index)
         break
     brief = str(error).strip().splitlines()[0][:200] if str(error) else type(
         error).__name__
     return (f"Prepared data is damaged: {where} cannot be read ({brief}). "
-            "Prepare the data again (python -m albert_jax.data.prepare) into "
-            "a new --output_dir, or restore the file from a copy.")
+            + _DAMAGED_FIX)
+
+  def _damaged_record(self, index: int, what: str) -> str:
+    """The message for a record that reads but holds no valid instance."""
+    return f"Prepared data is damaged: {self._where(index)} {what}. " + (
+        _DAMAGED_FIX)
+
+  def _where(self, index: int) -> str:
+    """"SHARD (record N)", or the shards when grain's map cannot say."""
+    try:  # grain's record → (shard, position) map
+      shard, _ = self._source._reader_idx_and_position(index)  # pylint: disable=protected-access
+      return f"{self.files[shard]} (record {index})"
+    except Exception:  # pylint: disable=broad-except
+      return f"record {index} of " + ", ".join(self.files)
 
   def batch(self, step: int):
     """Global step `step`: global jax.Arrays if a sharding was given."""

@@ -51,6 +51,7 @@ def run_after_pretraining(config, pretrain_workdir: str,
   optim.check(config)
   workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
                       / (RANDOM_INIT_DIR if random_init else "finetune"))
+  storage.refuse_links_out(workdir)
   data_files.check_data(config, workdir)  # before the split rewrites WORKDIR/data
   loop.prepare_workdir(workdir)
   # Leased before the split files are written: a second launch must not

@@ -61,7 +61,7 @@ def split_file(path: str, out_dir: str,
   table = tabular.read_table(path, header, "split_file input")
   keys = tabular.label_keys(
       tabular.column(table, label_column, "split_file input", "label_column"),
-      f"split_file input {path}")
+      f"split_file input {path}", table.lines)
   groups: dict[str, list[int]] = {}
   for i, key in enumerate(keys):
     groups.setdefault(key, []).append(i)
@@ -137,9 +137,10 @@ def check_data(config, workdir: str) -> None:
       trained on (its config.json) and the fix.
   """
   path = storage.path(workdir) / recipe.RECIPE
-  if not path.is_file():
+  kept = recipe.read(workdir)
+  if kept is None:
     return  # a new run
-  was = json.loads(path.read_text(encoding="utf-8")).get("files", {})
+  was = kept.get("files") if isinstance(kept.get("files"), dict) else {}
   if not any(k in was for k in DATA_FILES):
     return  # a TFDS task: no data files
   data = config.data

@@ -32,11 +32,14 @@ with more; Pearson, Spearman, their mean and MSE for regression.
 
 Labels are checked where they are read, as accidents in the data would
 train the wrong classes: surrounding whitespace is stripped (with a warning
-counting the labels it changed); labels that differ only in case ("spam",
-"Spam") are refused with their rows; so is a train file of one label, and an
-eval or test row whose label the train file never has. The label set, with
-each label's training rows, is logged. A misspelt column, task_type or
-metric is refused with the closest valid name.
+counting the labels it changed); one number's spellings ("1", "1.0") are
+one class (with a warning); empty and null labels are refused by line;
+labels that differ only in case ("spam", "Spam") are refused with their
+rows; so is a train file of one label, and an eval or test row whose label
+the train file never has. The label set, with each label's training rows,
+is logged. A misspelt column, task_type or metric is refused with the
+closest valid name; so is a label column that is also a text column. An
+eval file holding the train file's rows is warned of.
 
 `tables.split_file` cuts one labelled file into stratified train/eval/test
 files.
@@ -116,6 +119,12 @@ class FilesTask(classification.SingleLabelTask):
         isinstance(c, str) for c in self.text_columns):
       raise ValueError(f"data.text_columns={list(self.text_columns)}: give "
                        "one or two column names.")
+    if self.label_column in self.text_columns:
+      raise ValueError(
+          f"data.label_column={self.label_column!r} is also a text column "
+          f"(data.{'text_column' if text else 'text_columns'}); the model "
+          "would read the answer in its input. Name the text's own "
+          "column(s) there.")
     task_type = data.get("task_type", "classification")
     if task_type not in TASK_TYPES:
       raise ValueError(f"data.task_type={task_type!r}"
@@ -130,13 +139,24 @@ class FilesTask(classification.SingleLabelTask):
     for split, table in self._tables.items():
       for name in self.text_columns:
         self._texts(table, name, split)  # fail now, not at load time
-    # Each labelled split's label keys, surrounding whitespace stripped.
+    _warn_if_eval_is_train(self._tables["train"], self._tables["eval"])
+    # Each labelled split's label keys, surrounding whitespace stripped,
+    # empty and null ones refused, a number's spellings made one.
     self._keys = {} if self.regression else {
         split: tabular.label_keys(
             column(table, self.label_column, f"data.{split}_file",
-                   "data.label_column"), f"data.{split}_file {table.path}")
+                   "data.label_column"), f"data.{split}_file {table.path}",
+            table.lines)
         for split, table in self._tables.items()
         if split != "test" or self.label_column in table.columns}
+    given = data.get("labels", None)
+    self._spelling = tabular.one_spelling_per_number(
+        {f"data.{split}_file {self._tables[split].path}": keys
+         for split, keys in self._keys.items()}
+        | ({} if given is None else
+           {"data.labels": [label_key(v) for v in given]}))
+    self._keys = {split: [self._spelling.get(k, k) for k in keys]
+                  for split, keys in self._keys.items()}
     self.labels = None if self.regression else self._label_set(data)
     self.num_labels = 1 if self.regression else len(self.labels)
     self._targets = {split: self._read_targets(split, table)
@@ -177,6 +197,7 @@ class FilesTask(classification.SingleLabelTask):
     given = data.get("labels", None)
     if given is not None:
       labels = [label_key(v) for v in given]
+      labels = [self._spelling.get(k, k) for k in labels]
       where = "data.labels"
       folded = collections.Counter(k.casefold() for k in labels)
       clash = [k for k in labels if folded[k.casefold()] > 1]
@@ -236,9 +257,6 @@ class FilesTask(classification.SingleLabelTask):
     out = np.zeros(len(values), np.int32)
     for i, (key, line) in enumerate(zip(keys, table.lines)):
       where = f"{what} {table.path}, line {line}"
-      if key == "":
-        raise FileFormatError(f"{where}: empty label; fill it in or drop the "
-                              "row.")
       if split != "train" and key not in trained:
         train = self._tables["train"].path
         raise FileFormatError(
@@ -305,6 +323,21 @@ class FilesTask(classification.SingleLabelTask):
     path.parent.mkdir(parents=True, exist_ok=True)
     storage.write_atomic(path, out.getvalue())
     return [os.fspath(path)]
+
+
+def _warn_if_eval_is_train(train: Table, evaluation: Table) -> None:
+  """Warns (once per run: the task is made once) when the eval file holds
+  the train file's rows: the best checkpoint would be picked, and the
+  final metrics reported, on rows the model trained on."""
+  if storage.same_file(train.path, evaluation.path) or (
+      evaluation.rows and evaluation.rows == train.rows):
+    log.warning(
+        "data.eval_file %s holds the same rows as data.train_file %s: the "
+        "best checkpoint is picked, and eval metrics are measured, on "
+        "training rows, which says nothing of unseen text. Hold rows out "
+        "for evaluation: python -m albert_jax.finetune.data_files split "
+        "%s OUT_DIR cuts one file into train, eval and test files.",
+        evaluation.path, train.path, train.path)
 
 
 def make_task(name: str, data) -> FilesTask:

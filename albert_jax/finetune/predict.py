@@ -55,6 +55,7 @@ from albert_jax.finetune import race
 from albert_jax.finetune import tagging
 from albert_jax.finetune.predict_tasks import PredictError
 from albert_jax.finetune.squad import head as squad_head
+from albert_jax.finetune.squad import task as squad_task
 from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import INPUT_KEYS
 from albert_jax.model import albert as albert_lib
@@ -93,6 +94,42 @@ def record(workdir: str, task, model_config: ModelConfig, tokenizer,
 def is_finetune_workdir(path: str) -> bool:
   """Whether `path` holds a fine-tuning run's `task.json`."""
   return storage.path(os.fspath(path)).joinpath(TASK_FILE).is_file()
+
+
+def task_info_problem(info: dict, cfg: ModelConfig) -> str | None:
+  """What is wrong with a `task.json`'s fields (types, and sizes against
+  the model), or None: checked before its sizes shape anything, so a
+  damaged or crafted file never allocates (a max_seq_length of 10**12 asked
+  numpy for terabytes)."""
+  def whole(value, low, high):
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and low <= value <= high)
+  kind = info.get("task_type")
+  if kind not in TASK_TYPES:
+    return f"task_type {kind!r} is not one of {TASK_TYPES}"
+  if not isinstance(info.get("task"), str):
+    return f"task {info.get('task')!r} is not a task name"
+  t = info.get("max_seq_length")
+  if not whole(t, 1, cfg.max_position_embeddings):
+    return (f"max_seq_length {t!r} is not a whole number in [1, "
+            f"{cfg.max_position_embeddings}], the model's positions")
+  if not isinstance(info.get("lm_head", False), bool):
+    return f"lm_head {info.get('lm_head')!r} is not true or false"
+  if kind in ("classification", "token_classification"):
+    labels = info.get("labels")
+    if (not isinstance(labels, list) or len(labels) < 2
+        or not all(isinstance(x, str) for x in labels)
+        or len(set(labels)) != len(labels)):
+      return (f"labels {labels!r} are not a list of two or more distinct "
+              "label names")
+  if kind == "question_answering":
+    kinds = squad_task.V2_HEADS + ("span",)
+    if info.get("head_kind") not in kinds:
+      return f"head_kind {info.get('head_kind')!r} is not one of {kinds}"
+    for key in ("start_n_top", "end_n_top"):
+      if info.get("head_kind") == "official" and not whole(info.get(key), 1, t):
+        return f"{key} {info.get(key)!r} is not a whole number in [1, {t}]"
+  return None
 
 
 def head_for(info: dict, cfg: ModelConfig):
@@ -137,7 +174,14 @@ def best_step(path: str) -> int:
         f"{path} has no final_metrics.json yet, which names the best "
         "checkpoint once the run finishes; load step=None (the newest) or "
         "step=N.")
-  return int(json.loads(metrics.read_text())["best_step"])
+  fix = ("rerun the fine-tuning command on this workdir to write it again, "
+         "or load step=None (the newest) or step=N.")
+  best = storage.read_json_object(metrics, fix).get("best_step")
+  if isinstance(best, bool) or not isinstance(best, int) or best < 0:
+    raise storage.DamagedFileError(
+        f"{metrics} is damaged (its best_step is {best!r}, not a step "
+        f"number); {fix}")
+  return best
 
 
 def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
@@ -160,17 +204,34 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
   from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
   root = storage.path(path)
+  fix = ("a fine-tuning run writes it when it starts: rerun the fine-tuning "
+         "command on this workdir, or restore the file.")
   try:
-    info = json.loads((root / TASK_FILE).read_text())
-  except (OSError, json.JSONDecodeError) as e:
-    raise CheckpointError(f"{path}/{TASK_FILE} cannot be read ({e}); a "
-                          "fine-tuning run writes it when it starts.") from e
+    info = storage.read_json_object(root / TASK_FILE, fix)
+  except (OSError, storage.DamagedFileError) as e:
+    raise CheckpointError(f"{path}/{TASK_FILE} cannot be read ({e}); "
+                          f"{fix}") from e
+  if not isinstance(info.get("model"), dict):
+    raise CheckpointError(f"{path}/{TASK_FILE} is damaged (its \"model\" "
+                          f"is {info.get('model')!r}, not an object); {fix}")
   try:
     cfg = ModelConfig.from_dict({**info["model"], **overrides})
   except (ValueError, TypeError) as e:
     raise CheckpointError(f"{path}/{TASK_FILE}: the model config with "
                           f"overrides {overrides} is not valid: {e}") from e
-  tokenizer = Tokenizer.find_in(root / TOKENIZER_DIR)
+  problem = task_info_problem(info, cfg)
+  if problem:
+    raise CheckpointError(f"{path}/{TASK_FILE} is damaged ({problem}); "
+                          f"{fix}")
+  try:
+    tokenizer = Tokenizer.find_in(root / TOKENIZER_DIR)
+  except Exception as e:  # pylint: disable=broad-except
+    # SentencePiece reports an unparsable model as a bare RuntimeError.
+    raise CheckpointError(
+        f"{path}/{TOKENIZER_DIR} cannot be read as a tokenizer "
+        f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); it "
+        f"is damaged: restore the run's own {TOKENIZER_DIR}/ from a copy, or "
+        "fine-tune again.") from e
   if tokenizer is None:
     raise CheckpointError(f"{path} has no {TOKENIZER_DIR}/ holding the "
                           "vocabulary the run featurized its data with.")

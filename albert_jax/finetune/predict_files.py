@@ -54,6 +54,29 @@ def _chunks(rows: Iterable, size: int) -> Iterator[list]:
     yield chunk
 
 
+def check_request(input_path: str, output_path: str, batch_size: int) -> None:
+  """Refuses, before anything is read or written, a request that would
+  destroy its own input or cannot run.
+
+  Raises:
+    PredictError: the output is the input, its folder does not exist, or
+      `batch_size` is not a whole number >= 1.
+  """
+  if not isinstance(batch_size, int) or batch_size < 1:
+    raise PredictError(f"--batch_size={batch_size} must be a whole number "
+                       ">= 1, e.g. --batch_size=32.")
+  if storage.same_file(input_path, output_path):
+    raise PredictError(f"--output={output_path} is the input file; writing "
+                       "the predictions there would destroy it. Give "
+                       "another --output, e.g. --output=predictions.jsonl.")
+  folder = os.path.dirname(os.path.abspath(os.path.expanduser(
+      os.fspath(output_path))))
+  if not storage.is_remote(output_path) and not os.path.isdir(folder):
+    raise PredictError(f"--output={output_path}: its folder {folder} does "
+                       f"not exist; create it (mkdir -p {folder}) or write "
+                       "into an existing folder.")
+
+
 def predict_file(model, input_path: str, output_path: str, *,
                  columns: Sequence[str] | None = None,
                  header: Sequence[str] | None = None, batch_size: int = 32,
@@ -67,18 +90,22 @@ def predict_file(model, input_path: str, output_path: str, *,
   on (classification: its text columns; question answering: "question"
   and "context"; multiple choice: "context", "question", "choices" or the
   trained ending columns; tagging: "text" or "tokens"). An output ending in
-  .gz is gzipped. Both paths may be gs://.
+  .gz is gzipped. Both paths may be gs://. The output appears under its
+  name only when every row is written (`storage.open_atomic`): a failing
+  or killed run leaves an earlier file there as it was.
 
   Returns:
     The number of rows predicted.
 
   Raises:
-    PredictError: a row the model cannot read (names its line).
+    PredictError: a row the model cannot read (names its line), or a
+      request `check_request` refuses.
   """
+  check_request(input_path, output_path, batch_size)
   rows = tabular.iter_rows(input_path, header, "--input")
   total = 0
   bar = _progress(progress, input_path)
-  with storage.path(output_path).open("wb") as raw, (
+  with storage.open_atomic(output_path) as raw, (
       gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
       if os.fspath(output_path).endswith(".gz")
       else contextlib.nullcontext(raw)) as out:
@@ -163,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
       parser.error(f"--step={step!r}: give 'best' or a step number.")
   try:
+    check_request(args.input, args.output, args.batch_size)
     model = predict_lib.load(args.model, step)
     count = predict_file(
         model, args.input, args.output,

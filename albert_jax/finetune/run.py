@@ -124,6 +124,7 @@ def run(config, workdir: str,
   profiling.check_can_trace(
       profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
+  storage.refuse_links_out(workdir)
   check_data(config, workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)

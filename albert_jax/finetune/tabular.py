@@ -18,6 +18,7 @@ Cutting one file into stratified train/eval/test files is
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import difflib
@@ -25,6 +26,7 @@ import gzip
 import io
 import json
 import logging
+import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
@@ -144,6 +146,11 @@ def _records(path: str, ext: str):
         raise FileFormatError(f"{path}, line {number}: a JSON "
                               f"{type(obj).__name__}, not an object; write "
                               'one {"column": value, ...} object per line.')
+      bad = encoding.lone_surrogate(obj)
+      if bad:
+        raise FileFormatError(f"{path}, line {number}: {bad}. Fix the "
+                              "escape (a pair: \\ud83d\\ude00) or drop "
+                              "the line.")
       yield number, obj
   else:
     lines = _lines(path)
@@ -236,22 +243,72 @@ def sorted_labels(keys) -> list[str]:
     return keys
 
 
-def label_keys(values: Sequence[Any], what: str) -> list[str]:
+def label_keys(values: Sequence[Any], what: str,
+               lines: Sequence[int]) -> list[str]:
   """The label keys (`label_key`) of a label column, surrounding whitespace
   stripped: "spam " is "spam", as a stray space in a spreadsheet cell means
   it to be. Warns once per file with the count.
 
   Args:
     values: the column's values.
-    what: the file, as the warning names it ("data.train_file PATH").
+    what: the file, as messages name it ("data.train_file PATH").
+    lines: [len(values)] the line each value is on.
+
+  Raises:
+    FileFormatError: an empty or null label (JSON `null` would otherwise be
+      the class "null"), naming its line.
   """
   keys = [label_key(v) for v in values]
   stripped = [k.strip() for k in keys]
+  for value, key, line in zip(values, stripped, lines):
+    if value is None or key == "":
+      raise FileFormatError(
+          f"{what}, line {line}: {'null' if value is None else 'empty'} "
+          "label; fill it in or drop the row.")
   changed = [(k, s) for k, s in zip(keys, stripped) if k != s]
   if changed:
     log.warning("%s: stripped the surrounding whitespace of %d label(s), "
                 "e.g. %r → %r.", what, len(changed), *changed[0])
   return stripped
+
+
+def one_spelling_per_number(keys_by_file: Mapping[str, Sequence[str]]
+                            ) -> dict[str, str]:
+  """Label key → the one spelling of its number, for numbers written more
+  than one way across the files ("1", "1.0", JSON 1.0): one class, not
+  two. A whole number is spelt as an integer ("1"); another takes its most
+  frequent spelling. Logs a note per number it joins.
+
+  Args:
+    keys_by_file: file (as the note names it) → its label keys.
+
+  Returns:
+    Only the spellings that change.
+  """
+  spellings: dict[float, collections.Counter] = {}
+  for keys in keys_by_file.values():
+    for key in keys:
+      try:
+        number = float(key)
+      except ValueError:
+        continue
+      if math.isfinite(number):
+        spellings.setdefault(number, collections.Counter())[key] += 1
+  out = {}
+  for number, counts in spellings.items():
+    if len(counts) < 2:
+      continue
+    one = (str(int(number)) if number == int(number)
+           else max(counts, key=lambda k: (counts[k], -len(k), k)))
+    for key in counts:
+      if key != one:
+        out[key] = one
+    files = [f for f, keys in keys_by_file.items()
+             if any(k in counts for k in keys)]
+    log.warning("Labels %s are one number; they are read as one class %r (in "
+             "%s).", ", ".join(repr(k) for k in sorted(counts)), one,
+             "; ".join(files))
+  return out
 
 
 def check_case_variants(counts: Mapping[str, int], what: str) -> None:

@@ -100,6 +100,35 @@ def read_conll(path: str, what: str = "data file"
   return [s[0] for s in sentences], [s[1] for s in sentences]
 
 
+_IOB = re.compile(r"O|[BIE]-\S+")
+
+
+def check_iob(tags: Sequence[str], what: str) -> None:
+  """Refuses tags other than "O", "B-TYPE", "I-TYPE" and "E-TYPE": entity
+  F1 (conlleval) and the predicted entities read only those, so a tag such
+  as "PER" or "B_LOC" would be trained and then never count.
+
+  Raises:
+    tabular.FileFormatError: naming the tags, the file and a renaming.
+  """
+  bad = [t for t in tags if not _IOB.fullmatch(t)]
+  if not bad:
+    return
+  first = bad[0]
+  spelt = re.fullmatch(r"([BIESL])[^A-Za-z0-9](.+)", first)
+  if spelt:
+    prefix = {"S": "B", "L": "E"}.get(spelt.group(1), spelt.group(1))
+    fix = f"{first!r} as '{prefix}-{spelt.group(2)}'"
+  else:
+    fix = (f"{first!r} as 'B-{first}' on an entity's first word and "
+           f"'I-{first}' on the words after it")
+  raise tabular.FileFormatError(
+      f"{what} has tags {bad[:5]} that are not IOB tags ('O', 'B-TYPE', "
+      "'I-TYPE' or 'E-TYPE'); entity F1 and the predicted entities read "
+      "only those, so these would be trained and never count. Rename "
+      f"them, e.g. write {fix}.")
+
+
 def read_tfds(split: str, data_dir=None, download: bool = True
               ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
   """(words, tags, tag names) of TFDS `conll2003` split `split`."""
@@ -228,6 +257,8 @@ class TaggingTask(Task):
       given = data.get("labels", None)
       self.labels = (tuple(given) if given else
                      tuple(sorted(found, key=lambda t: (t != "O", t))))
+      check_iob(self.labels, "data.labels" if given
+                else f"data.train_file {paths['train']}")
       for split, (_, tags) in self._read.items():
         unknown = sorted({t for s in tags for t in s} - set(self.labels))
         if unknown:

@@ -65,6 +65,16 @@ def _read_sharded(path: str, index: str) -> dict[str, np.ndarray]:
     raise CheckpointError(
         f"{index} is not a valid shard index (a JSON object with a "
         f"'weight_map' of tensor name → file): {e!r}") from e
+  # Shards sit beside their index: a name with a directory part (`../x`,
+  # `/etc/x`, `sub/x`) would read a file from elsewhere.
+  outside = [n for n in files if not isinstance(n, str) or n in ("", ".", "..")
+             or "/" in n or "\\" in n]
+  if outside:
+    raise CheckpointError(
+        f"{index} names shard(s) {outside[:4]} that are not file names in "
+        f"{path}; a sharded checkpoint's shards sit beside its index, and "
+        "albert_jax reads nothing outside the checkpoint directory. Fix the "
+        "index's weight_map, or re-download the checkpoint.")
   missing = [n for n in files if not storage.path(child(path, n)).is_file()]
   if missing:
     raise CheckpointError(

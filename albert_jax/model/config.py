@@ -22,6 +22,18 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
            "float16": jnp.float16}
 
 
+# Upper bounds on every size, far above any published model (vocabularies
+# of 256k, hidden 16k, 128 layers, 128k positions), so a mistyped or crafted
+# config (config.json's vocab_size=10**12, a depth of millions) is refused
+# before anything is built or allocated.
+SIZE_LIMITS = {
+    "vocab_size": 1 << 22, "embedding_size": 1 << 16, "hidden_size": 1 << 16,
+    "num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 10,
+    "intermediate_size": 1 << 18, "num_hidden_groups": 1 << 10,
+    "inner_group_num": 1 << 6, "max_position_embeddings": 1 << 20,
+    "type_vocab_size": 1 << 10, "num_sentence_labels": 1 << 10}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """ALBERT / BERT encoder hyperparameters.
@@ -93,6 +105,10 @@ class ModelConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         fail(f"model.{name} must be a positive integer, got {value!r}.")
+      if value > SIZE_LIMITS[name]:
+        fail(f"model.{name}={value} is more than albert_jax builds (at most "
+             f"{SIZE_LIMITS[name]}); a config (or config.json) this large "
+             "is mistyped or damaged.")
     if self.hidden_size % self.num_attention_heads:
       fail(f"model.hidden_size ({self.hidden_size}) must be divisible by "
            f"model.num_attention_heads ({self.num_attention_heads}).")

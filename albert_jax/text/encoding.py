@@ -15,6 +15,9 @@ What `LineDecoder.decode` refuses:
   - a line a quarter or more of whose bytes are NUL: UTF-16 without a
     byte-order mark, which puts a NUL beside every ASCII character;
   - any other NUL byte: a damaged line.
+`lone_surrogate` finds what JSON lets through UTF-8 decoding: a `\ud800`
+escape, half of a UTF-16 pair, which no text holds and the tokenizers
+cannot take.
 `EncodingError.damaged_line` tells the last kind from a file in another
 encoding: a lenient reader (a web-scraped corpus) may skip such a line and
 count it; the strict one (labelled data) refuses it.
@@ -23,6 +26,8 @@ count it; the strict one (labelled data) refuses it.
 from __future__ import annotations
 
 import os
+import re
+from typing import Any
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # Longest first: UTF-32 LE's mark begins with UTF-16 LE's.
@@ -148,3 +153,31 @@ class LineDecoder:
     return (f"{self.path}, line {self.number}, byte {column + 1} (offset "
             f"{self.offset + column}"
             + (" of the uncompressed text" if compressed else "") + ")")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+  """The first string in `value` (a JSON value: strings, lists, objects'
+  keys and values) that holds a lone UTF-16 surrogate, as a message
+  fragment naming it; None if there is none.
+
+  JSON's `\ud800` escape decodes to such a code point, which is not
+  text: UTF-8 cannot encode it and SentencePiece fails on it deep inside.
+  """
+  stack = [value]
+  while stack:
+    item = stack.pop()
+    if isinstance(item, str):
+      found = _SURROGATE.search(item)
+      if found:
+        return (f"{item[max(0, found.start() - 20):found.end() + 20]!r} "
+                f"holds a lone UTF-16 surrogate (\\u{ord(found.group()):x}), "
+                "half of an escaped pair, which is not text")
+    elif isinstance(item, dict):
+      stack.extend(item.values())
+      stack.extend(item.keys())
+    elif isinstance(item, list):
+      stack.extend(item)
+  return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import shutil
 from typing import Any, Mapping
 
@@ -76,6 +77,40 @@ def workdir_path(config: Mapping[str, Any], workdir: str) -> str:
   return os.fspath(storage.path(workdir) / directory / name)
 
 
+def recorded_path(recorded: str, workdir: str, field: str) -> str:
+  """A path recorded in `workdir`'s config.json, as a reader may follow it:
+  a gs:// URL or an absolute path as the user gave it to the run; a
+  relative one inside the workdir (a reader's working directory is not the
+  run's), where it must stay.
+
+  Raises:
+    ValueError: a relative path that leads outside the workdir (`..`, or a
+      symlink inside it that points out), naming it and the fix.
+  """
+  if storage.is_remote(recorded) or os.path.isabs(
+      os.path.expanduser(recorded)):
+    return recorded
+  root = os.fspath(storage.path(workdir))
+  if storage.is_remote(root):
+    inside = posixpath.normpath(posixpath.join(root[len("gs://"):],
+                                               recorded))
+    bucket_root = root[len("gs://"):].rstrip("/")
+    ok = inside.startswith(bucket_root + "/")
+    resolved = "gs://" + inside
+  else:
+    real = os.path.realpath(root)
+    resolved = os.path.realpath(os.path.join(root, recorded))
+    ok = resolved.startswith(real.rstrip(os.sep) + os.sep)
+  if not ok:
+    raise ValueError(
+        f"{workdir}/config.json records {field}={recorded!r}, a relative "
+        "path that leads outside the workdir; albert_jax does not follow "
+        "it. Give the file yourself (e.g. .tokenizer = "
+        "Tokenizer.from_file(PATH)), or record an absolute path or gs:// "
+        "URL in config.json.")
+  return resolved
+
+
 def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
   """The tokenizer a finished run trained with, or None if it has none.
 
@@ -83,6 +118,8 @@ def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
   recorded config.json, a plain dict.
   """
   configured = str((config.get("data") or {}).get("tokenizer") or "")
+  if configured:
+    configured = recorded_path(configured, workdir, "data.tokenizer")
   own = workdir_path(config, workdir)
   # The trainer's order: a configured tokenizer wins over the workdir's.
   for candidate in (configured, own) if configured else (own,):

@@ -36,7 +36,9 @@ def bert_wordpiece(vocab_file: str, do_lower_case: bool, keep_accents: bool):
 
 
 def _check_vocab_lines(path: str) -> None:
-  """A piece on two lines leaves an id with no piece: refuse it by name."""
+  """A piece on two lines leaves an id with no piece: refuse it by name. A
+  file without the "[UNK]" line is not a WordPiece vocabulary (a text file
+  of any lines would otherwise load as one): refuse it too."""
   seen: dict[str, int] = {}
   with storage.path(path).open("r", encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
@@ -47,6 +49,11 @@ def _check_vocab_lines(path: str) -> None:
             f"on line {number}; a vocab.txt lists each piece once (its line "
             "number is its id). Remove the repeated line.")
       seen[piece] = number
+  if "[UNK]" not in seen:
+    raise ValueError(
+        f"{path} is not a WordPiece vocab.txt: no line is \"[UNK]\", which "
+        "every BERT vocabulary has. Give a tokenizer's vocab.txt (or its "
+        "spiece.model / tokenizer.json).")
 
 
 def load(path: str, do_lower_case: bool, keep_accents: bool):

@@ -18,7 +18,10 @@ albert_jax.main --config=CONFIG --workdir=DIR/NAME --config.k=v ...`, logging
 to DIR/NAME/sweep.log; NAME is `k=v,k2=v2` (hashed when long or unsafe). Done
 trials (final_metrics.json) are skipped; failures are reported, the rest run
 (exit 1). The metrics table is printed and written to DIR/results.md.
-Arguments after `--` go to every trial.
+Arguments after `--` go to every trial. Each trial's arguments are recorded
+in DIR/NAME/sweep_args.json: a rerun whose arguments for a done trial
+differ (other `--` overrides, another base config) is refused, naming the
+difference, as its table would mix trials of two setups.
 
 DIR is local (`~` expanded) or gs://BUCKET/PATH. Under gs:// a trial logs
 into ./sweep_logs/NAME.log while it runs (followed live on a terminal) and
@@ -221,11 +224,48 @@ def _main_args(config: str, workdir: str, trial: Trial, extra=()) -> list[str]:
           *extra]
 
 
+ARGS_FILE = "sweep_args.json"
+
+
+def _recorded_args(cmd: list[str]) -> list[str]:
+  """A trial's command as recorded and compared: without --workdir, which
+  names the same directory however the root is spelt."""
+  return [a for a in cmd if not a.startswith("--workdir=")]
+
+
+def other_arguments(workdir: str, cmd: list[str]) -> str | None:
+  """How a done trial's recorded arguments differ from `cmd`'s ("then
+  --config.batch_size=8; now none"), or None where they agree or none were
+  recorded (a trial run before they were)."""
+  path = storage.path(workdir) / ARGS_FILE
+  if not path.exists():
+    return None
+  try:
+    then = json.loads(path.read_text())
+  except ValueError:
+    then = None
+  if not isinstance(then, list):
+    return f"{path} is damaged (delete it to skip the check)"
+  now = _recorded_args(cmd)
+  gone = [a for a in then if a not in now]
+  new = [a for a in now if a not in then]
+  if then == now or not (gone or new):  # the same, or only reordered
+    return None
+  return f"then {' '.join(gone) or 'none'}; now {' '.join(new) or 'none'}"
+
+
 def read_metrics(workdir: str) -> dict | None:
   """The contents of WORKDIR/final_metrics.json (local or gs://), None if
   there is none."""
   path = storage.path(workdir) / "final_metrics.json"
-  return json.loads(path.read_text()) if path.exists() else None
+  if not path.exists():
+    return None
+  try:
+    return storage.read_json_object(
+        path, "delete it, and the sweep runs that trial again (it resumes "
+        "from the trial's checkpoints).")
+  except storage.DamagedFileError as e:
+    raise SweepError(str(e)) from None
 
 
 def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str,
@@ -335,29 +375,49 @@ def main(argv: list[str] | None = None) -> int:
   module = args.main_module
   python = "python" if args.print_commands else sys.executable
   launch = [python, *([] if module.endswith(".py") else ["-m"]), module]
-  status, metrics, todo = {}, {}, []
+  status, metrics, todo, differ, said = {}, {}, [], [], []
   for i, (name, trial) in enumerate(trials.items(), 1):
     workdir, prefix = f"{root}/{name}", f"[{i}/{len(trials)}] {name}"
     # Printing commands need not reach gs://.
     remote = args.print_commands and storage.is_remote(root)
-    metrics[name] = None if remote else read_metrics(workdir)
+    try:
+      metrics[name] = None if remote else read_metrics(workdir)
+    except SweepError as e:
+      print(f"sweep: {e}", file=sys.stderr)
+      return 2
     status[name] = "missing" if metrics[name] is None else "done"
     cmd = _main_args(config, workdir, trial, extra)
+    if status[name] == "done" and (why := other_arguments(workdir, cmd)):
+      differ.append(f"{workdir} ({why})")
     if args.print_commands:
       line = shlex.join(launch + cmd) if args.launcher == "local" else (
           "bash tpu_setup.sh run --name=$TPU_NAME --zone=$ZONE -- "
           + shlex.join(cmd))
-      print(f"# {name}: done" if status[name] == "done" else line)
+      said.append(f"# {name}: done" if status[name] == "done" else line)
     elif args.results_only:
       continue
     elif status[name] == "done":
-      print(f"{prefix}: done, skipped")
+      said.append(f"{prefix}: done, skipped")
     else:
       log = (epath.Path("sweep_logs", name + ".log")
              if storage.is_remote(root) else epath.Path(workdir, "sweep.log"))
       todo.append((name, (launch + cmd, workdir, log, prefix)))
+  if differ:
+    print(f"sweep: {len(differ)} done trial(s) ran with other arguments than "
+          f"this sweep gives them: {differ[0]}"
+          + (f" and {len(differ) - 1} more" if len(differ) > 1 else "")
+          + ". Rerun with the arguments they ran with, or give another "
+          "--workdir_root, so that one table does not mix two setups.",
+          file=sys.stderr)
+    return 2
+  for line in said:
+    print(line)
   if args.print_commands:
     return 0
+  for name, (cmd, workdir, _, _) in todo:
+    storage.path(workdir).mkdir(parents=True, exist_ok=True)
+    storage.write_atomic(storage.path(workdir) / ARGS_FILE, json.dumps(
+        _recorded_args(cmd[len(launch):])))
   _run_all(todo, args.parallel, status, metrics)
   table = results_table(trials, status, metrics)
   print("\n" + table)

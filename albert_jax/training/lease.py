@@ -10,6 +10,12 @@ refuses, naming the owner. A lease whose heartbeat is older than
 killed), is taken over, and
 `--config.take_over_workdir=True` takes over a live one at once; the log
 says which happened.
+
+A heartbeat's age is the lease file's own age by the storage's clock
+(`storage.age`: the filesystem's or Cloud Storage's modification times),
+never the owner's recorded wall-clock time against the reader's: two
+hosts whose clocks disagree by minutes would otherwise take over a live
+run, or never take over a dead one. The recorded times are for people.
 """
 
 from __future__ import annotations
@@ -76,17 +82,25 @@ class Lease:
 
 
 def _read(path: str) -> dict | None:
+  """The lease's record; {} while it is being written (created, not yet
+  filled) or if it is damaged: held either way, until its file's own age
+  makes it stale."""
   try:
-    return json.loads(storage.path(path).read_text(encoding="utf-8"))
+    held = json.loads(storage.path(path).read_text(encoding="utf-8"))
   except FileNotFoundError:
     return None
   except (OSError, ValueError):
-    # Being written (created, not yet filled), or damaged: held, with the
-    # file's own time as its heartbeat.
-    try:
-      return {"heartbeat": storage.path(path).stat().mtime}
-    except (OSError, AttributeError):
-      return {}
+    return {}
+  return held if isinstance(held, dict) else {}
+
+
+def _age(path: str) -> float | None:
+  """Seconds since the lease was last written, by the storage's clock; None
+  if it is gone."""
+  try:
+    return storage.age(path)
+  except FileNotFoundError:
+    return None
 
 
 def _workdir(path: str) -> str:
@@ -102,8 +116,8 @@ def _pid_namespace() -> str:
     return ""
 
 
-def _record(owner: str) -> dict:
-  now = time.time()
+def _record(owner: str, clock) -> dict:
+  now = clock()
   return {"owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
           "pid_namespace": _pid_namespace(), "started": now, "heartbeat": now}
 
@@ -117,12 +131,11 @@ def _replace(path: str, record: dict) -> None:
   storage.write_atomic(path, json.dumps(record))
 
 
-def _describe(held: dict, now: float) -> str:
+def _describe(held: dict, age: float | None) -> str:
+  when = "" if age is None else f" (heartbeat {age:.0f} s ago)"
   if "pid" not in held:
-    return "a lease being written or unreadable"
-  age = now - float(held.get("heartbeat", 0))
-  return (f"pid {held.get('pid')} on {held.get('host')} (heartbeat "
-          f"{age:.0f} s ago)")
+    return f"a lease being written or unreadable{when}"
+  return f"pid {held.get('pid')} on {held.get('host')}{when}"
 
 
 def _process_gone(held: dict) -> bool:
@@ -141,24 +154,26 @@ def _process_gone(held: dict) -> bool:
 
 
 def _beat(path: str, record: dict, stop: threading.Event,
-          taken: threading.Event, interval: float) -> None:
+          taken: threading.Event, interval: float, clock) -> None:
   while not stop.wait(interval):
     held = _read(path)
     if held is not None and held.get("owner") != record["owner"]:
       log.error("The lease on %s was taken over by %s; this run stops "
                 "before its next step.", _workdir(path),
-                _describe(held, time.time()))
+                _describe(held, None))
       taken.set()
       return
-    _replace(path, {**record, "heartbeat": time.time()})
+    _replace(path, {**record, "heartbeat": clock()})
 
 
 def acquire(workdir: str, take_over: bool = False, *,
             heartbeat_seconds: float = HEARTBEAT_SECONDS,
-            stale_seconds: float = STALE_SECONDS) -> Lease:
+            stale_seconds: float = STALE_SECONDS,
+            clock=time.time) -> Lease:
   """Takes `workdir`'s lease. Process 0 holds it for the run; the others
   learn whether it did, so every process of a refused run raises (none is
-  left waiting in a collective).
+  left waiting in a collective). `clock` gives the wall-clock times the
+  lease records for people to read; staleness never depends on it.
 
   Raises:
     WorkdirBusyError: another run's lease is live, naming it and the fixes.
@@ -169,7 +184,7 @@ def acquire(workdir: str, take_over: bool = False, *,
   if jax.process_index() == 0:
     try:
       lease = _take(path, owner, stop, take_over, heartbeat_seconds,
-                    stale_seconds)
+                    stale_seconds, clock)
     except WorkdirBusyError as e:
       error = e
   if jax.process_count() > 1:
@@ -185,31 +200,36 @@ def acquire(workdir: str, take_over: bool = False, *,
 
 
 def _take(path: str, owner: str, stop: threading.Event, take_over: bool,
-          heartbeat_seconds: float, stale_seconds: float) -> Lease:
+          heartbeat_seconds: float, stale_seconds: float, clock) -> Lease:
   """Process 0's side of `acquire`."""
   workdir = _workdir(path)
-  record = _record(owner)
-  if not _create(path, record):
-    held = _read(path) or {}
-    now = time.time()
-    stale = now - float(held.get("heartbeat", 0)) > stale_seconds
+  record = _record(owner, clock)
+  while not _create(path, record):
+    held, age = _read(path), _age(path)
+    if held is None or age is None:
+      continue  # released meanwhile: try to create it again
+    stale = age > stale_seconds
     gone = _process_gone(held)
     if not (stale or gone or take_over):
+      damaged = ("" if "pid" in held else
+                 f" If no run is using it and {path} stays unreadable, "
+                 "delete that file.")
       raise WorkdirBusyError(
-          f"{workdir} is in use by another run: {_describe(held, now)}. Wait "
+          f"{workdir} is in use by another run: {_describe(held, age)}. Wait "
           "for it to end; if it was killed, its lease goes stale "
           f"{stale_seconds:.0f} s after its last heartbeat and is then taken "
           "over; to take it over now, rerun with "
-          "--config.take_over_workdir=True.")
+          f"--config.take_over_workdir=True.{damaged}")
     log.warning("Taking over the lease on %s from %s: %s.", workdir,
-                _describe(held, now),
+                _describe(held, age),
                 "its heartbeat is stale" if stale else
                 "its process is gone" if gone else
                 "--config.take_over_workdir=True")
     _replace(path, record)
+    break
   taken = threading.Event()
   thread = threading.Thread(target=_beat, args=(path, record, stop, taken,
-                                                heartbeat_seconds),
+                                                heartbeat_seconds, clock),
                             name="workdir-lease", daemon=True)
   thread.start()
   return Lease(path, owner, stop, thread, taken)

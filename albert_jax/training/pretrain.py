@@ -90,6 +90,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   profiling.check_can_trace(
       profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
+  storage.refuse_links_out(workdir)
   recipe.check(config, workdir)
   loop.prepare_workdir(workdir)
   with lease_lib.acquire(workdir,

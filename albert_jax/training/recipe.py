@@ -187,16 +187,32 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   return lines
 
 
+def read(workdir: str) -> dict | None:
+  """The recipe recorded in `workdir`, None if none is.
+
+  Raises:
+    storage.DamagedFileError: recipe.json is not a JSON object, naming it
+      and the fix.
+  """
+  path = storage.path(workdir) / RECIPE
+  if not path.is_file():
+    return None
+  return storage.read_json_object(
+      path, "it records the recipe this workdir was trained with, so a "
+      "resume can be checked against it: restore it, or delete it to resume "
+      "without that check (the next run records it anew).")
+
+
 def check(config, workdir: str) -> None:
   """Refuses to resume `workdir` with another recipe; writes nothing.
 
   Raises:
     RecipeError: the differences, one per line, and what to do.
   """
-  path = storage.path(workdir) / RECIPE
-  if not path.is_file():
+  old = read(workdir)
+  if old is None:
     return  # a new run, or one from before recipes were recorded
-  old = json.loads(path.read_text(encoding="utf-8"))
+  path = storage.path(workdir) / RECIPE
   lines = _differences(old, recipe(config, workdir))
   if lines:
     raise RecipeError(

@@ -223,6 +223,23 @@ def test_jsonl_documents_and_bad_records(tmp_path, caplog):
   assert f"{path}:3" in caplog.text and "not valid JSON" in caplog.text
 
 
+def test_jsonl_lone_surrogates_are_skipped_by_file_and_line(tmp_path,
+                                                           caplog):
+  """JSON's "\\ud800" decodes to half a UTF-16 pair: not text, and a
+  SentencePiece failure deep in preparation. A pair is a character."""
+  path = _write(tmp_path / "d.jsonl",
+                '{"text": "Bad \\ud800 half."}\n'
+                '{"text": "A pair \\ud83d\\ude00 is fine."}\n')
+  stats = docs_lib.ReadStats()
+  with caplog.at_level(logging.WARNING, logger=docs_lib.__name__):
+    got = list(docs_lib.read_raw_files([path], "text", stats))
+  assert got == [["A pair \U0001f600 is fine."]]
+  assert stats.skipped_records == 1
+  assert (f"Skipping {path}:1: field 'text': 'Bad \\ud800 half.' holds a "
+          "lone UTF-16 surrogate (\\ud800), half of an escaped pair, which "
+          "is not text." in caplog.text)
+
+
 def test_jsonl_missing_field_names_file_and_line(tmp_path):
   path = _write(tmp_path / "d.jsonl", '{"text": "A. B."}\n{"body": "C."}\n')
   with pytest.raises(ValueError, match=rf"{path}:2 has no field 'text'.*"

@@ -291,6 +291,50 @@ def test_unmasked_batches(data_dir, vocab):
   assert b["masked_weights"].dtype == np.float32
 
 
+@pytest.mark.parametrize("damage", ["garbage", "id past the vocabulary"])
+def test_a_record_that_reads_but_is_no_instance_names_the_shard(
+    data_dir, vocab, tmp_path, damage):
+  """Records the shard format reads back whole but whose content is wrong:
+  garbage bytes, or an instance of ids the vocabulary does not have (data
+  prepared with another tokenizer). Was a bare "Instance record of 41 bytes
+  …" or an IndexError deep in masking."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  copy = tmp_path / "data"
+  shutil.copytree(data_dir, copy)
+  shard = sorted(copy.glob("train-*.arrayrecord"))[0]
+  reader = array_record_module.ArrayRecordReader(str(shard))
+  records = reader.read_all()
+  reader.close()
+  if damage == "garbage":
+    records = [b"\x07" * 41 for _ in records]
+    what = ("is not an instance (Instance record of 41 bytes does not match "
+            "its declared length")
+  else:
+    bad = inst_lib.from_bytes(records[0])
+    tokens = bad.tokens.copy()
+    tokens[1] = vocab.size + 7
+    records = [inst_lib.to_bytes(inst_lib.Instance(
+        tokens, bad.token_type_ids, bad.label)) for _ in records]
+    what = (f"holds token id {vocab.size + 7}, outside the vocabulary's "
+            f"{vocab.size} ids (the data was prepared with another tokenizer, "
+            "or is damaged)")
+  shard.unlink()
+  writer = array_record_module.ArrayRecordWriter(str(shard), "group_size:1")
+  for record in records:
+    writer.write(record)
+  writer.close()
+  loader = _loader(str(copy), vocab, prefetch=0)
+  with pytest.raises(loader_lib.DamagedShardError) as e:
+    for step in range(50):
+      loader.local_batch(step)
+  message = str(e.value)
+  assert message.startswith(f"Prepared data is damaged: {shard} (record ")
+  assert what in message
+  assert message.endswith(
+      ". Prepare the data again (python -m albert_jax.data.prepare) into a "
+      "new --output_dir, or restore the file from a copy.")
+
+
 def test_a_damaged_shard_names_the_file_and_the_fix(data_dir, vocab, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
   copy = tmp_path / "data"

@@ -224,6 +224,18 @@ def test_errors_name_file_line_and_fix(tmp_path):
     file_task.make_task("files", _data(**d))
 
 
+def test_a_lone_surrogate_is_refused_by_file_and_line(tmp_path):
+  evalf = _write(tmp_path / "e.jsonl", '{"text": "fine", "label": "pos"}\n'
+                 '{"text": "half \\udc00", "label": "neg"}\n')
+  with pytest.raises(ValueError) as e:
+    file_task.make_task("files", _data(
+        train_file=_in_format(tmp_path / "t.tsv", ROWS), eval_file=evalf))
+  assert str(e.value) == (
+      f"{evalf}, line 2: 'half \\udc00' holds a lone UTF-16 surrogate "
+      "(\\udc00), half of an escaped pair, which is not text. Fix the "
+      "escape (a pair: \\ud83d\\ude00) or drop the line.")
+
+
 def test_the_run_summary_names_the_data_file(tmp_path):
   """Not the task's registry name ("files"): the file it was cut from, or
   else the training file."""
@@ -253,7 +265,7 @@ def test_config_errors(tmp_path):
   _error(tmp_path, r"train.tsv, line 2: label 'pos' is not a finite number",
          task_type="regression")
   _error(tmp_path, r"train.tsv, line 3: label 'inf' is not a finite number",
-         label_column="text", task_type="regression",
+         text_column="other", label_column="text", task_type="regression",
          train=[("1.5", "x", "pos", 1.0), ("inf", "y", "neg", 2.0)])
   with pytest.raises(ValueError, match="needs data.train_file"):
     file_task.make_task("files", _data(eval_file="x.tsv"))
@@ -261,9 +273,9 @@ def test_config_errors(tmp_path):
     file_task.make_task("glue/cola", _data())
 
 
-def _message(tmp_path, **kw) -> str:
+def _message(tmp_path, ext=".tsv", **kw) -> str:
   with pytest.raises(ValueError) as e:
-    _task(tmp_path, **kw)
+    _task(tmp_path, ext, **kw)
   return str(e.value)
 
 
@@ -311,6 +323,74 @@ def test_labels_that_differ_only_in_case_are_refused(tmp_path):
       "(2 rows), 'Spam' (1 rows). Write each label one way (e.g. every "
       "'Spam' as 'spam'), or name the classes distinctly if they are meant "
       "to differ.")
+
+
+def test_one_numbers_spellings_are_one_class_with_a_note(tmp_path, caplog):
+  """JSON 1 and 1.0, TSV "1" and "1.0": one class each number, not two."""
+  train = _relabel(ROWS, 1, 1.0, 0, 2.5)
+  with caplog.at_level(logging.WARNING, logger="albert_jax.finetune"):
+    task = _task(tmp_path, ".jsonl", train=train,
+                 eval_rows=_relabel(ROWS[:3], "1.0", 0.0, 2.50))
+  assert task.labels == ("0", "1", "2.5")
+  np.testing.assert_array_equal(task._targets["train"][0], [1, 1, 0, 2])
+  np.testing.assert_array_equal(task._targets["eval"][0], [1, 0, 2])
+  train_path, eval_path = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+  assert [r.getMessage() for r in caplog.records] == [
+      "Labels '1', '1.0' are one number; they are read as one class '1' (in "
+      f"data.train_file {train_path}; data.eval_file {eval_path}).",
+      "Labels '0', '0.0' are one number; they are read as one class '0' (in "
+      f"data.train_file {train_path}; data.eval_file {eval_path})."]
+  # data.labels spelt another way names the same classes.
+  assert _task(tmp_path, ".jsonl", train=train, eval_rows=train,
+               labels=["0.0", "1", "2.5"]).labels == ("0", "1", "2.5")
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".tsv"])
+def test_empty_and_null_labels_are_refused_by_file_and_line(tmp_path, ext):
+  for label, word in ((None, "null"), ("", "empty"), ("  ", "empty")):
+    if ext == ".tsv" and label is None:
+      continue
+    train = _relabel(ROWS, "pos", "neg", label, "pos")
+    assert _message(tmp_path, ext, train=train) == (
+        f"data.train_file {tmp_path / ('train' + ext)}, line "
+        f"{4 if ext == '.tsv' else 3}: {word} label; fill it in or drop the "
+        "row.")
+    assert _message(tmp_path, ext, eval_rows=train[1:]) == (
+        f"data.eval_file {tmp_path / ('eval' + ext)}, line "
+        f"{3 if ext == '.tsv' else 2}: {word} label; fill it in or drop the "
+        "row.")
+
+
+def test_a_label_column_that_is_a_text_column_is_refused(tmp_path):
+  assert _message(tmp_path, text_column="label") == (
+      "data.label_column='label' is also a text column (data.text_column); "
+      "the model would read the answer in its input. Name the text's own "
+      "column(s) there.")
+  assert _message(tmp_path, text_column=None,
+                  text_columns=["text", "label"]).startswith(
+                      "data.label_column='label' is also a text column "
+                      "(data.text_columns)")
+
+
+def test_an_eval_file_of_the_train_rows_is_warned_of_once(tmp_path, caplog):
+  train_path = tmp_path / "train.tsv"
+  with caplog.at_level(logging.WARNING, logger="albert_jax.finetune"):
+    _task(tmp_path, eval_rows=ROWS)  # a copy of the train file
+    _task(tmp_path)  # other rows: no warning
+  eval_path = tmp_path / "eval.tsv"
+  assert [r.getMessage() for r in caplog.records] == [
+      f"data.eval_file {eval_path} holds the same rows as data.train_file "
+      f"{train_path}: the best checkpoint is picked, and eval metrics are "
+      "measured, on training rows, which says nothing of unseen text. Hold "
+      "rows out for evaluation: python -m albert_jax.finetune.data_files "
+      f"split {train_path} OUT_DIR cuts one file into train, eval and test "
+      "files."]
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="albert_jax.finetune"):
+    file_task.make_task("files", _data(train_file=str(train_path),
+                                       eval_file=str(train_path)))
+  assert len(caplog.records) == 1
+  assert "holds the same rows as" in caplog.records[0].getMessage()
 
 
 def test_a_train_file_of_one_label_is_refused(tmp_path):

@@ -173,6 +173,156 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
       "the text columns with --columns.\n")
 
 
+@pytest.mark.parametrize("change, problem", [
+    ({"max_seq_length": 10**12}, "max_seq_length 1000000000000 is not a "
+     "whole number in [1, 32], the model's positions"),
+    ({"max_seq_length": "32"}, "max_seq_length '32' is not a whole number "
+     "in [1, 32], the model's positions"),
+    ({"labels": "abc"}, "labels 'abc' are not a list of two or more "
+     "distinct label names"),
+    ({"labels": ["a", "a", "b"]}, "labels ['a', 'a', 'b'] are not a list of "
+     "two or more distinct label names"),
+    ({"task_type": 5}, "task_type 5 is not one of ('classification', "
+     "'regression', 'multiple_choice', 'question_answering', "
+     "'token_classification')"),
+    ({"lm_head": "yes"}, "lm_head 'yes' is not true or false"),
+])
+def test_a_damaged_task_json_is_refused_before_it_shapes_anything(
+    classifier, tmp_path, change, problem):
+  workdir, _, _ = classifier
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  task_file = copy / predict_lib.TASK_FILE
+  task_file.write_text(json.dumps({**json.loads(task_file.read_text()),
+                                   **change}))
+  with pytest.raises(CheckpointError) as e:
+    albert_jax.load_pretrained(str(copy))
+  assert str(e.value) == (
+      f"{copy}/{predict_lib.TASK_FILE} is damaged ({problem}); a fine-tuning "
+      "run writes it when it starts: rerun the fine-tuning command on this "
+      "workdir, or restore the file.")
+
+
+def test_a_damaged_tokenizer_copy_is_one_line(classifier, tmp_path):
+  workdir, _, _ = classifier
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  model = copy / predict_lib.TOKENIZER_DIR / "spiece.model"
+  model.write_bytes(b"\x00garbage" * 40)
+  with pytest.raises(CheckpointError) as e:
+    albert_jax.load_pretrained(str(copy))
+  message = str(e.value)
+  assert message.startswith(f"{copy}/{predict_lib.TOKENIZER_DIR} cannot be "
+                            "read as a tokenizer (")
+  assert message.endswith("); it is damaged: restore the run's own "
+                          "tokenizer/ from a copy, or fine-tune again.")
+  assert "\n" not in message
+
+
+def test_task_json_sizes_and_shape_are_checked(classifier, tmp_path):
+  workdir, _, _ = classifier
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  task_file = copy / predict_lib.TASK_FILE
+  info = json.loads(task_file.read_text())
+  task_file.write_text(json.dumps({**info, "model": {**info["model"],
+                                                     "vocab_size": 10**12}}))
+  with pytest.raises(CheckpointError, match=re.escape(
+      "model.vocab_size=1000000000000 is more than albert_jax builds (at "
+      "most 4194304)")):
+    albert_jax.load_pretrained(str(copy))
+  task_file.write_text("[1, 2]")
+  with pytest.raises(CheckpointError, match=re.escape(
+      f"{copy}/{predict_lib.TASK_FILE} is damaged (it holds a JSON list, not "
+      "an object)")):
+    albert_jax.load_pretrained(str(copy))
+
+
+def test_predict_cli_never_destroys_its_input_or_earlier_output(
+    classifier, tmp_path, capsys):
+  workdir, texts, _ = classifier
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+  before = source.read_bytes()
+  args = [f"--model={workdir}", "--no_progress"]
+  # The input named again, directly and through a symlink.
+  link = tmp_path / "link.jsonl"
+  link.symlink_to(source)
+  for same in (source, tmp_path / "." / "in.jsonl", link):
+    assert predict_files.main(args + [f"--input={source}",
+                                      f"--output={same}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output={same} is the input file; writing the predictions "
+        "there would destroy it. Give another --output, e.g. "
+        "--output=predictions.jsonl.\n")
+    assert source.read_bytes() == before
+  out = tmp_path / "out.jsonl"
+  assert predict_files.main(args + [f"--input={source}",
+                                    f"--output={out}"]) == 0
+  good = out.read_bytes()
+  assert len(good.splitlines()) == len(texts)
+  # A rerun that fails on its input keeps the earlier output as it was.
+  bad = tmp_path / "bad.tsv"
+  bad.write_text("words\nhello\n")
+  assert predict_files.main(args + [f"--input={bad}",
+                                    f"--output={out}"]) == 2
+  assert "no column 'text'" in capsys.readouterr().err
+  assert out.read_bytes() == good
+  assert sorted(os.listdir(tmp_path)) == ["bad.tsv", "in.jsonl", "link.jsonl",
+                                          "out.jsonl"]
+  # Bad sizes and a missing folder: one line each, before the model loads.
+  for flag, message in (
+      ("--batch_size=0", "--batch_size=0 must be a whole number >= 1, e.g. "
+       "--batch_size=32."),
+      ("--batch_size=-3", "--batch_size=-3 must be a whole number >= 1, e.g. "
+       "--batch_size=32."),
+      (f"--output={tmp_path}/no/such/o.jsonl",
+       f"--output={tmp_path}/no/such/o.jsonl: its folder {tmp_path}/no/such "
+       f"does not exist; create it (mkdir -p {tmp_path}/no/such) or write "
+       "into an existing folder.")):
+    assert predict_files.main(
+        [f"--model={tmp_path}/not-a-workdir", "--no_progress",
+         f"--input={source}", f"--output={out}", flag]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+  assert out.read_bytes() == good
+
+
+def test_a_prediction_cut_short_leaves_no_file_under_its_name(classifier,
+                                                               tmp_path):
+  """While rows are being written, nothing is under the output's name, so a
+  kill at any moment leaves no finished-looking file; an error part-way
+  leaves nothing at all."""
+  workdir, texts, _ = classifier
+  model = albert_jax.load_pretrained(workdir)
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+  out = tmp_path / "out.jsonl.gz"
+  seen = []
+
+  class Dies:
+    """`model`, whose third chunk is cut short (as a kill would)."""
+    task_type, settings = model.task_type, model.settings
+
+    def predict(self, inputs, batch_size):
+      seen.append(sorted(os.listdir(tmp_path)))
+      if len(seen) == 3:
+        raise KeyboardInterrupt
+      return model.predict(inputs, batch_size=batch_size)
+
+  with pytest.raises(KeyboardInterrupt):
+    predict_files.predict_file(Dies(), str(source), str(out), chunk_rows=2,
+                               progress=False)
+  assert len(seen) == 3
+  for listing in seen[1:]:  # a temporary file beside, not the output
+    assert len(listing) == 2 and listing[0] == "in.jsonl", listing
+    assert re.fullmatch(r"out\.jsonl\.gz\.[0-9a-f]{32}\.tmp", listing[1])
+  assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+  assert predict_files.predict_file(model, str(source), str(out),
+                                    progress=False) == len(texts)
+  assert len(gzip.decompress(out.read_bytes()).splitlines()) == len(texts)
+  assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl.gz"]
+
+
 ################################################################################
 # Several devices: the training code's sharding.
 ################################################################################

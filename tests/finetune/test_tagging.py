@@ -83,6 +83,33 @@ def test_conll_files_and_first_subword_labels(tmp_path, tiny_tokenizer):
                                     "eval_file": str(train)})
 
 
+@pytest.mark.parametrize("tags, fix", [
+    (("PER", "O"), "'PER' as 'B-PER' on an entity's first word and 'I-PER' "
+     "on the words after it"),
+    (("B_LOC", "O"), "'B_LOC' as 'B-LOC'"),
+    (("S-PER", "O"), "'S-PER' as 'B-PER'"),
+])
+def test_tags_other_than_iob_are_refused_with_the_renaming(tmp_path, tags,
+                                                           fix):
+  train = tmp_path / "train.txt"
+  train.write_text(f"Peter {tags[0]}\nsings {tags[1]}\n")
+  with pytest.raises(tabular.FileFormatError) as e:
+    tagging.make_task("ner/files", {"train_file": str(train),
+                                    "eval_file": str(train)})
+  assert str(e.value) == (
+      f"data.train_file {train} has tags [{tags[0]!r}] that are not IOB "
+      "tags ('O', 'B-TYPE', 'I-TYPE' or 'E-TYPE'); entity F1 and the "
+      "predicted entities read only those, so these would be trained and "
+      f"never count. Rename them, e.g. write {fix}.")
+  good = tmp_path / "good.txt"
+  good.write_text("Peter B-PER\nsings O\n")
+  with pytest.raises(tabular.FileFormatError, match=r"^data.labels has tags "
+                     r"\['PER'\] that are not IOB tags"):
+    tagging.make_task("ner/files", {"train_file": str(good),
+                                    "eval_file": str(good),
+                                    "labels": ["O", "B-PER", "PER"]})
+
+
 def test_conll_files_in_other_encodings_are_refused(tmp_path):
   """CoNLL files are read by the labelled-file reader: a UTF-8 byte-order
   mark is dropped; Latin-1 is refused with the line, byte and fix."""

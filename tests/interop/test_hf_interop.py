@@ -511,3 +511,27 @@ def test_config_disagreeing_with_weights(zoo, tmp_path, changes, expected):
 def test_override_disagreeing_with_weights(zoo):
   with pytest.raises(CheckpointError, match="max_position_embeddings=32"):
     load_pretrained(zoo.saved()[1], max_position_embeddings=32)
+
+
+@pytest.mark.parametrize("name", ["../outside/x.safetensors",
+                                  "/tmp/x.safetensors", "sub/x.safetensors",
+                                  ".."])
+def test_an_index_naming_shards_outside_its_directory_is_refused(tmp_path,
+                                                                name):
+  """Even when the named file exists and holds valid tensors."""
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from albert_jax.interop import hf_files  # pylint: disable=g-import-not-at-top
+  (tmp_path / "outside").mkdir()
+  st_numpy.save_file({"w": np.ones(2, np.float32)},
+                     str(tmp_path / "outside" / "x.safetensors"))
+  model = tmp_path / "model"
+  model.mkdir()
+  index = model / "model.safetensors.index.json"
+  index.write_text(json.dumps({"weight_map": {"w": name}}))
+  with pytest.raises(CheckpointError) as e:
+    hf_files.read_state_dict(str(model))
+  assert str(e.value) == (
+      f"{index} names shard(s) [{name!r}] that are not file names in "
+      f"{model}; a sharded checkpoint's shards sit beside its index, and "
+      "albert_jax reads nothing outside the checkpoint directory. Fix the "
+      "index's weight_map, or re-download the checkpoint.")

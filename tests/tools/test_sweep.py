@@ -318,7 +318,8 @@ def test_local_run_then_resume(env, capsys):
   # Again, with one more trial: only the new one runs.
   path = _lr_sweep(env, [0.001, 0.002, 0.004])
   assert sweep.main([path, f"--workdir_root={root}",
-                     f"--main_module={env['fake']}"]) == 0
+                     f"--main_module={env['fake']}", "--",
+                     "--config.batch_size=8"]) == 0
   out = capsys.readouterr().out
   assert f"[1/3] {n1}: done, skipped" in out
   assert f"[2/3] {n2}: done, skipped" in out
@@ -326,6 +327,40 @@ def test_local_run_then_resume(env, capsys):
   assert "learning_rate=0.004" in _calls(root)[-1][1]
   assert f"| {n1} | done | 0.001 | 30 | 0.1 | 0.5 |" in out
   assert "| ok | 0.004 | 30 | 0.4 | 0.5 |" in (root / "results.md").read_text()
+
+
+def test_a_rerun_with_other_arguments_is_refused_naming_them(env, capsys):
+  """Done trials ran with `-- --config.batch_size=8`: the same sweep into
+  the same root with other overrides, or none, or another base config,
+  runs nothing and names the difference."""
+  root, path = env["root"], _lr_sweep(env, [0.001, 0.002])
+  argv = [path, f"--workdir_root={root}", f"--main_module={env['fake']}"]
+  assert sweep.main(argv + ["--", "--config.batch_size=8"]) == 0
+  n1 = "optimizer.learning_rate=0.001,model.share=none"
+  assert json.loads((root / n1 / sweep.ARGS_FILE).read_text()) == [
+      "--config=configs/tiny.py", "--config.optimizer.learning_rate=0.001",
+      "--config.model.share=none", "--config.batch_size=8"]
+  results = (root / "results.md").read_bytes()
+  capsys.readouterr()
+  for other, then, now in (
+      (["--", "--config.batch_size=16"], "--config.batch_size=8",
+       "--config.batch_size=16"),
+      ([], "--config.batch_size=8", "none"),
+      (["--config=configs/demo.py", "--", "--config.batch_size=8"],
+       "--config=configs/tiny.py", "--config=configs/demo.py")):
+    assert sweep.main(argv + other) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "sweep: 2 done trial(s) ran with other arguments than this sweep "
+        f"gives them: {root}/{n1} (then {then}; now {now}) and 1 more. Rerun "
+        "with the arguments they ran with, or give another --workdir_root, "
+        "so that one table does not mix two setups.\n")
+  assert len(_calls(root)) == 2
+  assert (root / "results.md").read_bytes() == results
+  # With the arguments they ran with, the rerun goes on.
+  assert sweep.main(argv + ["--results_only", "--",
+                            "--config.batch_size=8"]) == 0
 
 
 def test_parallel_trials_overlap_and_share_accelerator_memory(

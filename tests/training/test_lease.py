@@ -19,6 +19,14 @@ from training.test_resume import fixture_dataset  # noqa: F401  pylint: disable=
 
 
 def _held(workdir):
+  # gcsfs reads an object in ranges sized by a first request, so a read
+  # racing the heartbeat's rewrite can mix two versions: read again.
+  for _ in range(4):
+    try:
+      return json.loads(
+          storage.path(f"{workdir}/{lease_lib.LEASE}").read_text())
+    except ValueError:
+      time.sleep(0.01)
   return json.loads(storage.path(f"{workdir}/{lease_lib.LEASE}").read_text())
 
 
@@ -64,12 +72,73 @@ def _leave_lease(workdir, **fields):
   storage.write_atomic(f"{workdir}/{lease_lib.LEASE}", json.dumps(record))
 
 
+def _age_lease(workdir, seconds):
+  """Makes the lease's last write `seconds` old by the storage's clock:
+  locally its file time is set back; Cloud Storage sets an object's time
+  itself, so there the test waits."""
+  if storage.is_remote(workdir):
+    time.sleep(seconds)
+  else:
+    then = time.time() - seconds
+    os.utime(f"{workdir}/{lease_lib.LEASE}", (then, then))
+
+
 def test_a_stale_lease_is_taken_over_and_said_so(workdir, caplog):
-  _leave_lease(workdir, heartbeat=time.time() - 500)
+  _leave_lease(workdir)
+  # Cloud Storage's object times may be whole seconds: wait past two.
+  wait = 2.5 if storage.is_remote(workdir) else 500
+  _age_lease(workdir, wait)
   with caplog.at_level(logging.WARNING):
-    with lease_lib.acquire(workdir, stale_seconds=120):
+    with lease_lib.acquire(workdir, stale_seconds=wait - 1):
       assert _held(workdir)["pid"] == os.getpid()
-  assert "pid 1 on another-host (heartbeat 500 s ago)" in caplog.text
+  assert re.search(r"pid 1 on another-host \(heartbeat (2|3|500) s ago\)",
+                   caplog.text), caplog.text
+  assert "its heartbeat is stale" in caplog.text
+
+
+def test_staleness_never_compares_two_hosts_clocks(workdir):
+  """A live owner whose clock is an hour behind (its recorded heartbeat an
+  hour old) keeps its lease; so does one an hour ahead, against a reader
+  whose clock is right."""
+  for skew in (-3600, 3600):
+    with lease_lib.acquire(workdir, clock=lambda s=skew: time.time() + s):
+      assert abs(_held(workdir)["heartbeat"] - time.time() - skew) < 60
+      with pytest.raises(lease_lib.WorkdirBusyError,
+                         match=r"\(heartbeat [0-2] s ago\)"):
+        lease_lib.acquire(workdir, stale_seconds=120)
+    assert _gone(workdir)
+
+
+def test_a_dead_owner_whose_clock_ran_ahead_goes_stale(tmp_path, caplog):
+  """A lease whose recorded heartbeat lies in the future (its host's clock
+  ran ahead) still goes stale when its file stops being written."""
+  _leave_lease(tmp_path, heartbeat=time.time() + 3600)
+  _age_lease(tmp_path, 500)
+  with caplog.at_level(logging.WARNING):
+    with lease_lib.acquire(str(tmp_path), stale_seconds=120):
+      pass
+  assert "(heartbeat 500 s ago): its heartbeat is stale" in caplog.text
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"heartbeat": "soon"}', "\x00{",
+                                  '"owner"'])
+def test_a_damaged_lease_is_held_then_stale_in_one_line(tmp_path, text,
+                                                         caplog):
+  path = tmp_path / lease_lib.LEASE
+  path.write_text(text, encoding="utf-8")
+  with pytest.raises(lease_lib.WorkdirBusyError) as error:
+    lease_lib.acquire(str(tmp_path))
+  assert str(error.value) == (
+      f"{tmp_path} is in use by another run: a lease being written or "
+      "unreadable (heartbeat 0 s ago). Wait for it to end; if it was "
+      "killed, its lease goes stale 120 s after its last heartbeat and is "
+      "then taken over; to take it over now, rerun with "
+      f"--config.take_over_workdir=True. If no run is using it and {path} "
+      "stays unreadable, delete that file.")
+  _age_lease(tmp_path, 500)
+  with caplog.at_level(logging.WARNING):
+    with lease_lib.acquire(str(tmp_path)):
+      assert _held(tmp_path)["pid"] == os.getpid()
   assert "its heartbeat is stale" in caplog.text
 
 
@@ -142,6 +211,7 @@ def test_a_lease_being_written_is_held_not_stale(tmp_path):
   with pytest.raises(lease_lib.WorkdirBusyError,
                      match="a lease being written or unreadable"):
     lease_lib.acquire(str(tmp_path), stale_seconds=120)
+  assert os.listdir(tmp_path) == [lease_lib.LEASE]  # no probe left
 
 
 def test_a_pid_in_another_pid_namespace_is_not_judged_gone(tmp_path):
