@@ -72,6 +72,9 @@ class PrepareConfig:
   docs_per_block: int = 2000
   eval_fraction: float = 0.0
   num_workers: int = 1
+  # K >= 2: records are rows of up to K instances packed per block
+  # (`instances.pack_rows`); 0: one instance per record.
+  pack: int = 0
 
   def instance_config(self) -> instances_lib.InstanceConfig:
     return instances_lib.InstanceConfig(
@@ -88,6 +91,9 @@ class PrepareConfig:
       raise ValueError("eval_fraction must be in [0, 1).")
     if self.num_workers < 1:
       raise ValueError("num_workers must be >= 1.")
+    if self.pack == 1 or self.pack < 0:
+      raise ValueError(f"pack={self.pack}: use 0 (one instance per row) or "
+                       "K >= 2 instances per row, e.g. 3.")
 
 
 def prepare(docs: Iterator[list[str]], config: PrepareConfig,
@@ -157,7 +163,8 @@ def prepare(docs: Iterator[list[str]], config: PrepareConfig,
           docs, config.eval_fraction, config.docs_per_block):
         pending.append((split, pool.submit(
             shards.write_block, split, block, first, block_docs,
-            config.output_dir, config.instance_config(), config.seed)))
+            config.output_dir, config.instance_config(), config.seed,
+            config.pack)))
         drain(2 * config.num_workers)
       drain(0)
     bar.update(sum(t.documents for t in totals.values()),
@@ -231,7 +238,7 @@ def summary(metadata: dict) -> str:
   for split, s in metadata["splits"].items():
     if not s["documents"]:
       continue
-    padding = 1 - s["tokens"] / max(s["instances"] * seq, 1)
+    padding = 1 - s["tokens"] / max(s.get("rows", s["instances"]) * seq, 1)
     lines.append(f"{split:<6} {s['documents']:>10,} {s['sentences']:>10,} "
                  f"{s['instances']:>10,} {s['tokens']:>12,} {padding:>8.1%} "
                  f"{s['skipped_documents'] + s['skipped_chunks']:>8,}")
