@@ -160,7 +160,8 @@ class Loader:
   (epoch = p // num_records). Global step s covers positions
   [s·G, (s+1)·G), G = global_batch_size; host h of H takes the h-th
   contiguous G/H of them, so hosts read disjoint rows and together exactly
-  the single-host batch.
+  the single-host batch. A record of packed data (prepared with `pack`) is
+  a row of up to K instances (`batch_schema` with K).
 
   Args:
     data_dir: output of `albert_jax.data.prepare`, local or `gs://`.

@@ -18,7 +18,11 @@ are cut in the reading process, so the output is byte-identical for any
 number of workers. Masking is not materialised: the loader masks on the fly
 (statically or dynamically), so one prepared dataset serves both. A
 deterministic fraction of documents (`--eval_fraction`, by document index
-hash) goes to `eval-*` shards for held-out evaluation. The blocks, and the
+hash) goes to `eval-*` shards for held-out evaluation. With `--pack K` each
+record is a row of up to K instances, packed best-fit decreasing within the
+block (`instances.pack_rows`): packing once, here, rather than in the
+loader keeps every batch a function of (seed, step) alone
+(experiments/benchmarks/packing.py measures both). The blocks, and the
 worker that writes each one's shard, are `albert_jax.data.shards`. Inputs,
 the tokenizer and `--output_dir` are local or `gs://` (`albert_jax.storage`).
 """

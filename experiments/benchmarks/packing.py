@@ -16,6 +16,10 @@ them (data lost); offline packing keeps the batch a function of (seed,
 step) alone.
 
   python experiments/benchmarks/packing.py --tokenizer=WORKDIR/spm/spiece.model
+
+With `--prepared=UNPACKED_DIR,PACKED_DIR` (e.g. the data/ of two demo
+workdirs, `--config.data.pack=0` and `=3`) it measures those instead of
+preparing (prepare's time is then in each run's log).
 """
 
 import argparse
@@ -79,19 +83,28 @@ def _in_loader(out: str, vocab) -> tuple[float, list[int]]:
 def main():
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--tokenizer", required=True)
+  p.add_argument("--prepared", default="",
+                 help="UNPACKED_DIR,PACKED_DIR to measure instead of preparing")
   args = p.parse_args()
   vocab = loader_lib.Vocabulary.from_tokenizer(
       Tokenizer.from_file(args.tokenizer))
   with tempfile.TemporaryDirectory() as tmp:
-    for pack in (0, K):
-      out = os.path.join(tmp, f"pack{pack}")
-      seconds, meta = _prepare(args.tokenizer, out, pack)
+    dirs = args.prepared.split(",") if args.prepared else [
+        os.path.join(tmp, f"pack{pack}") for pack in (0, K)]
+    for pack, out in zip((0, K), dirs):
+      seconds = None
+      if args.prepared:
+        meta = loader_lib.read_metadata(out)
+      else:
+        seconds, meta = _prepare(args.tokenizer, out, pack)
       train = meta["splits"]["train"]
-      padding = 1 - train["tokens"] / (train["rows"] * 128)
-      print(f"pack={pack}: prepare {seconds:.1f} s, {train['instances']} "
-            f"instances in {train['rows']} rows, padding {padding:.2%}, "
-            f"loader {_loader_ms(out, vocab):.1f} ms/batch of {BATCH}")
-    ms, rows = _in_loader(os.path.join(tmp, "pack0"), vocab)
+      rows = train.get("rows", train["instances"])
+      padding = 1 - train["tokens"] / (rows * 128)
+      took = "" if seconds is None else f"prepare {seconds:.1f} s, "
+      print(f"pack={pack}: {took}{train['instances']} instances in {rows} "
+            f"rows, padding {padding:.2%}, loader "
+            f"{_loader_ms(out, vocab):.1f} ms/batch of {BATCH}")
+    ms, rows = _in_loader(dirs[0], vocab)
     print(f"in-loader packing of {BATCH * K}-record windows: {ms:.1f} ms/step "
           f"(read + pack, before masking); rows filled per window: min "
           f"{min(rows)}, mean {np.mean(rows):.1f}, max {max(rows)} "

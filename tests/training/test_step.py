@@ -61,6 +61,9 @@ def pretraining_sums(out, batch):
   if "sop_logits" in out:
     sums.update(objectives.sentence_sums(out["sop_logits"],
                                          batch["sentence_labels"]))
+  mask = batch["attention_mask"]
+  sums["real_tokens"] = jnp.sum(mask != 0).astype(jnp.float32)
+  sums["tokens"] = jnp.asarray(mask.size, jnp.float32)
   return sums
 
 
