@@ -6,10 +6,11 @@ dupe_factor 2) unpacked and packed (K = 3) and reports, for each:
   * the share of padding over all rows;
   * the loader's time per batch of 32 rows (masking included).
 Then the in-loader alternative, measured on the unpacked records: each
-step reads the records its rows could hold (`window` = 32·K records of
-the shuffled stream) and packs them with the same best-fit decreasing
-(`instances.pack_rows`). Reported: its time per step, and how many rows a
-window fills. A window never fills exactly 32 rows, so a loader that packs
+step reads the records 32 packed rows hold on average (32 × instances /
+packed rows of the offline run) from the shuffled stream and packs them
+with the same best-fit decreasing (`instances.pack_rows`). Reported: its
+time per step, and how many rows a window fills. A window does not fill
+exactly 32 rows, so a loader that packs
 must carry instances over to the next step (then step s depends on every
 step before it, and resuming needs that carry in the checkpoint) or drop
 them (data lost); offline packing keeps the batch a function of (seed,
@@ -63,10 +64,10 @@ def _loader_ms(out: str, vocab) -> float:
   return 1e3 * (time.perf_counter() - start) / STEPS
 
 
-def _in_loader(out: str, vocab) -> tuple[float, list[int]]:
-  """ms per step to read a window of BATCH·K records and pack it; the
+def _in_loader(out: str, vocab, window: int) -> tuple[float, list[int]]:
+  """ms per step to read a window of `window` records and pack it; the
   rows each window filled."""
-  loader = loader_lib.Loader(out, global_batch_size=BATCH * K, vocab=vocab,
+  loader = loader_lib.Loader(out, global_batch_size=window, vocab=vocab,
                              seed=0, process_index=0, process_count=1,
                              masking_config=None, prefetch=0)
   source = loader._source  # pylint: disable=protected-access
@@ -101,11 +102,12 @@ def main():
       rows = train.get("rows", train["instances"])
       padding = 1 - train["tokens"] / (rows * 128)
       took = "" if seconds is None else f"prepare {seconds:.1f} s, "
+      window = round(BATCH * train["instances"] / rows)
       print(f"pack={pack}: {took}{train['instances']} instances in {rows} "
             f"rows, padding {padding:.2%}, loader "
             f"{_loader_ms(out, vocab):.1f} ms/batch of {BATCH}")
-    ms, rows = _in_loader(dirs[0], vocab)
-    print(f"in-loader packing of {BATCH * K}-record windows: {ms:.1f} ms/step "
+    ms, rows = _in_loader(dirs[0], vocab, window)
+    print(f"in-loader packing of {window}-record windows: {ms:.1f} ms/step "
           f"(read + pack, before masking); rows filled per window: min "
           f"{min(rows)}, mean {np.mean(rows):.1f}, max {max(rows)} "
           f"(a step has {BATCH})")
