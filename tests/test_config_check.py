@@ -209,6 +209,13 @@ def test_an_objective_other_than_the_prepared_datas_is_refused(
       "--objective nsp.")
   c.data.objective = "sop"
   assert pipeline.ensure_dataset(c, "/unused", None) == data_dir
+  # Prepared one instance per row: a packed run's batches would not match.
+  c.data.pack = 3
+  with pytest.raises(ValueError) as e:
+    pipeline.ensure_dataset(c, "/unused", None)
+  assert str(e.value) == (
+      f"{data_dir} was prepared with pack=0 but config.data.pack is 3; set "
+      "--config.data.pack=0, or prepare the data again with --pack 3.")
 
 
 def test_a_misspelt_best_metric_is_refused_with_the_closest():
