@@ -84,6 +84,9 @@ _RULES: dict[str, _Rule] = {
                            "a number in [0, 1)", 0.01),
     "data.num_workers": (lambda v: _whole(v) and v >= 1,
                          "a whole number >= 1", 1),
+    "data.pack": (lambda v: _whole(v) and (v == 0 or 2 <= v <= 255),
+                  "0 (one instance per row) or K in [2, 255] instances "
+                  "per row", 3),
     "data.prefetch": (lambda v: _whole(v) and v >= 0,
                       "a whole number >= 0", 2),
     "masking.max_predictions": (lambda v: _whole(v) and v >= 1,
@@ -252,6 +255,12 @@ def check(config: Mapping[str, Any]) -> None:
   best = _best_metric_problem(config) if not found else None
   if best:
     found.append(best)
+  if not found and _get(config, "data.pack")[1]:
+    from albert_jax.training import run_spec  # pylint: disable=g-import-not-at-top
+    try:
+      run_spec.check_pack(config)
+    except ValueError as e:
+      found.append(str(e).rstrip("."))
   try:
     optimizer.check(config)
   except ValueError as e:

@@ -202,13 +202,16 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   # model) or "bpe" (RoBERTa's byte-level BPE). exact_length (objective
   # "none" only) cuts the token stream into windows of exactly
   # max_seq_length, as GPT-1 did, instead of ending rows at sentence ends.
+  # pack=K >= 2 packs up to K instances into each row when the data is
+  # prepared (each keeps its own positions, [CLS] and sentence label;
+  # attention never crosses instances); 0 writes one instance per row.
   c.data = ml_collections.ConfigDict(dict(
       corpus=BUNDLED_CORPUS, format="sentences", tokenizer="",
       tokenizer_type="sentencepiece",
       data_dir="", max_seq_length=max_seq_length, objective=objective,
       short_seq_prob=0.1, dupe_factor=1, nsp_negatives_in_sop=False,
       exact_length=False, eval_fraction=0.01, num_workers=1, prefetch=2,
-      dynamic_masking=True))
+      dynamic_masking=True, pack=0))
   c.masking = ml_collections.ConfigDict(dict(
       max_predictions=max_predictions, masked_lm_prob=0.15, max_ngram=3,
       favor_shorter_ngram=True, whole_word=True,

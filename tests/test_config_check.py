@@ -213,6 +213,13 @@ def test_an_objective_other_than_the_prepared_datas_is_refused(
       "--objective nsp.")
   c.data.objective = "sop"
   assert pipeline.ensure_dataset(c, "/unused", None) == data_dir
+  # Prepared one instance per row: a packed run's batches would not match.
+  c.data.pack = 3
+  with pytest.raises(ValueError) as e:
+    pipeline.ensure_dataset(c, "/unused", None)
+  assert str(e.value) == (
+      f"{data_dir} was prepared with pack=0 but config.data.pack is 3; set "
+      "--config.data.pack=0, or prepare the data again with --pack 3.")
 
 
 def test_a_misspelt_best_metric_is_refused_with_the_closest():
@@ -228,3 +235,18 @@ def test_a_misspelt_best_metric_is_refused_with_the_closest():
   assert "choose one of ('mlm_accuracy',)" in message(c)
   c.best_metric = ""
   config_check.check(c)
+
+
+def test_pack_values_and_the_objectives_that_refuse_it():
+  c = load("tiny")
+  for bad in (1, -2, 256):
+    c.data.pack = bad
+    assert "config.data.pack" in message(c)
+  c.data.pack = 3
+  config_check.check(c)  # masked LM reads packed rows
+  electra = load("electra_small")
+  electra.data.pack = 3
+  assert "ELECTRA" in message(electra) and "data.pack=0" in message(electra)
+  gpt = load("gpt_small")
+  gpt.data.pack = 2
+  assert "causal_lm" in message(gpt) and "\n" not in message(gpt)

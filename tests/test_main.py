@@ -93,7 +93,8 @@ def test_run_records_config_commit_and_metrics(trained_run):
   train_keys = set().union(*(r.keys() for r in rows if "train/loss" in r))
   for key in ("train/loss", "train/mlm_accuracy", "train/sop_accuracy",
               "train/learning_rate", "train/grad_norm", "train/param_norm",
-              "train/seq_per_sec", "train/tokens_per_sec"):
+              "train/seq_per_sec", "train/tokens_per_sec",
+              "train/padding_fraction", "train/real_tokens_per_sec"):
     assert key in train_keys, key
   assert [r["step"] for r in rows if "train/loss" in r] == [4, 8, 12]
   assert any("eval/mlm_accuracy" in r for r in rows)

@@ -28,6 +28,7 @@ across worker processes.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Iterable, Iterator, Sequence
 
@@ -78,6 +79,7 @@ class Stats:
   tokens: int = 0
   skipped_documents: int = 0
   skipped_chunks: int = 0
+  rows: int = 0  # records written: instances, or packed rows of them
 
   def add(self, other: "Stats") -> None:
     for f in dataclasses.fields(self):
@@ -298,9 +300,64 @@ def create_instances(documents: Sequence[Document], config: InstanceConfig,
         rng = document_rng(seed, dupe, first_index + j)
         out.extend(instances_from_document(documents, j, config, rng, cls_id,
                                            sep_id, stats))
-  stats.instances = len(out)
+  stats.instances = stats.rows = len(out)
   stats.tokens = int(sum(len(x.tokens) for x in out))
   return out, stats
+
+
+def pack_rows(lengths: Sequence[int], max_seq_length: int,
+              max_per_row: int) -> list[list[int]]:
+  """Groups instances into rows of at most `max_seq_length` tokens and
+  `max_per_row` instances: best-fit decreasing (longest first, each into
+  the open row it fills most tightly, else a new row).
+
+  Args:
+    lengths: [N] tokens per instance, each <= max_seq_length.
+    max_seq_length: a row's length.
+    max_per_row: K, the most instances a row holds (static, so the
+      sentence head keeps a [B, K] shape).
+
+  Returns:
+    The rows, each the ascending indices of its instances, in the order of
+    their first instance: deterministic for given lengths.
+  """
+  if max_per_row < 1:
+    raise ValueError(f"max_per_row must be >= 1, got {max_per_row}.")
+  if not len(lengths):
+    return []
+  smallest = min(lengths)
+  order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable
+  rows: list[list[int]] = []
+  # Open rows (room for one more instance) by their free tokens; a sorted
+  # list of the distinct free counts finds the tightest fit in O(log T).
+  by_room: dict[int, list[int]] = {}
+  rooms: list[int] = []
+  for i in order:
+    n = lengths[i]
+    if n > max_seq_length:
+      raise ValueError(f"Instance {i} has {n} tokens, more than "
+                       f"max_seq_length {max_seq_length}.")
+    j = bisect.bisect_left(rooms, n)
+    if j < len(rooms):
+      room = rooms[j]
+      row = by_room[room].pop()
+      if not by_room[room]:
+        del by_room[room]
+        rooms.pop(j)
+    else:
+      room, row = max_seq_length, len(rows)
+      rows.append([])
+    rows[row].append(i)
+    room -= n
+    if len(rows[row]) < max_per_row and room >= smallest:
+      if room not in by_room:
+        by_room[room] = []
+        bisect.insort(rooms, room)
+      by_room[room].append(row)
+  for row in rows:
+    row.sort()
+  rows.sort(key=lambda r: r[0])
+  return rows
 
 
 # On-disk record: label (int8), then tokens (int32) and token types (int8).
@@ -313,6 +370,31 @@ def to_bytes(instance: Instance) -> bytes:
   header = np.array([(instance.label, n)], _HEADER)
   return (header.tobytes() + instance.tokens.astype("<i4").tobytes()
           + instance.token_type_ids.astype("<i1").tobytes())
+
+
+def to_bytes_packed(row: Sequence[Instance]) -> bytes:
+  """A packed row's record: the instance count (uint8), then each
+  instance as `to_bytes` writes it."""
+  return np.uint8(len(row)).tobytes() + b"".join(map(to_bytes, row))
+
+
+def from_bytes_packed(record: bytes) -> list[Instance]:
+  """Inverse of `to_bytes_packed`; raises ValueError on a malformed
+  record."""
+  if not record:
+    raise ValueError("Truncated packed record.")
+  count, at, out = record[0], 1, []
+  hs = _HEADER.itemsize
+  for _ in range(count):
+    if len(record) < at + hs:
+      raise ValueError("Truncated packed record.")
+    n = int(np.frombuffer(record[at:at + hs], _HEADER)[0]["length"])
+    out.append(from_bytes(record[at:at + hs + 5 * n]))
+    at += hs + 5 * n
+  if at != len(record):
+    raise ValueError(f"Packed record of {len(record)} bytes holds "
+                     f"{len(record) - at} bytes after its {count} instances.")
+  return out
 
 
 def from_bytes(record: bytes) -> Instance:

@@ -41,9 +41,12 @@ METADATA = "dataset.json"
 BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask",
               "masked_positions", "masked_ids", "masked_weights",
               "sentence_labels")
+# A packed batch's (rows of up to K instances) adds each instance's [CLS].
+PACKED_KEYS = BATCH_KEYS + ("cls_positions",)
 
 
-def batch_schema(batch_size: int, seq_len: int, num_predictions: int
+def batch_schema(batch_size: int, seq_len: int, num_predictions: int,
+                 max_per_row: int = 0
                  ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """A batch of `batch_size` rows: key → (shape, dtype).
 
@@ -51,14 +54,26 @@ def batch_schema(batch_size: int, seq_len: int, num_predictions: int
   masked_positions, masked_ids [B, P] int32; masked_weights [B, P] float32
   (P = 0 for unmasked batches); sentence_labels [B] int32 (-1 where the
   objective has none).
+
+  Packed (`max_per_row` = K >= 1): attention_mask holds k + 1 on the
+  tokens of the row's k-th instance (0 = padding); sentence_labels and
+  cls_positions are [B, K], the label (-1 for an unused slot) and the
+  [CLS] position of each instance.
   """
   b, t, p = batch_size, seq_len, num_predictions
   shapes = {"input_ids": (b, t), "token_type_ids": (b, t),
             "attention_mask": (b, t), "masked_positions": (b, p),
             "masked_ids": (b, p), "masked_weights": (b, p),
-            "sentence_labels": (b,)}
+            "sentence_labels": (b, max_per_row) if max_per_row else (b,),
+            "cls_positions": (b, max_per_row)}
+  keys = PACKED_KEYS if max_per_row else BATCH_KEYS
   return {k: (shapes[k], np.dtype(np.float32 if k == "masked_weights"
-                                  else np.int32)) for k in BATCH_KEYS}
+                                  else np.int32)) for k in keys}
+
+
+def max_per_row(metadata: dict[str, Any]) -> int:
+  """K of a prepared dataset whose records are packed rows, else 0."""
+  return int(metadata.get("config", {}).get("pack", 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +180,8 @@ class Loader:
   (epoch = p // num_records). Global step s covers positions
   [s·G, (s+1)·G), G = global_batch_size; host h of H takes the h-th
   contiguous G/H of them, so hosts read disjoint rows and together exactly
-  the single-host batch.
+  the single-host batch. A record of packed data (prepared with `pack`) is
+  a row of up to K instances (`batch_schema` with K).
 
   Args:
     data_dir: output of `albert_jax.data.prepare`, local or `gs://`.
@@ -203,6 +219,7 @@ class Loader:
                        f"[0, {process_count}).")
     self.metadata = read_metadata(data_dir)
     self.seq_len = int(self.metadata["max_seq_length"])
+    self.max_per_row = max_per_row(self.metadata)
     if vocab.size != int(self.metadata["vocab_size"]):
       raise ValueError(
           f"The data in {data_dir} was tokenised with a vocabulary of "
@@ -212,7 +229,8 @@ class Loader:
     self.files = record_files(data_dir, self.metadata, split)
     self._source = grain.sources.ArrayRecordDataSource(self.files)
     self.num_records = len(self._source)
-    expected = int(self.metadata["splits"][split]["instances"])
+    counts = self.metadata["splits"][split]
+    expected = int(counts.get("rows", counts["instances"]))
     if self.num_records == 0:
       raise ValueError(f"{data_dir} holds no {split} instances.")
     if self.num_records != expected:
@@ -244,6 +262,17 @@ class Loader:
     self.prefetch = max(0, prefetch)
 
   @property
+  def num_predictions(self) -> int:
+    """Masked slots per row (0 unmasked): max_predictions, or a packed
+    row's `masking.packed_predictions`."""
+    if self.masking_config is None:
+      return 0
+    if self.max_per_row:
+      return masking.packed_predictions(self.masking_config, self.seq_len,
+                                        self.max_per_row)
+    return self.masking_config.max_predictions
+
+  @property
   def steps_per_epoch(self) -> float:
     return self.num_records / self.global_batch_size
 
@@ -273,6 +302,8 @@ class Loader:
       raw = self._source.__getitems__(records.tolist())
     except Exception as e:  # pylint: disable=broad-except
       raise DamagedShardError(self._damaged(records.tolist(), e)) from e
+    if self.max_per_row:
+      return self._packed_batch(records, epochs, raw)
     for row, (index, record) in enumerate(zip(records, raw)):
       try:
         instance = instances_lib.from_bytes(record)
@@ -319,6 +350,78 @@ class Loader:
         "masked_weights": masked["masked_weights"],
         "sentence_labels": labels,
     }
+
+  def _packed_batch(self, records: np.ndarray, epochs: np.ndarray,
+                    raw: list[bytes]) -> dict[str, np.ndarray]:
+    """The batch of packed rows `records` (`batch_schema` with K).
+
+    Each instance is masked as if it were a row of its own (its own budget,
+    as the official code scales it by the instance's length, and its own
+    key from (record, slot)), then its tokens and targets are moved to its
+    offset in the packed row.
+    """
+    b, t, k = self.local_batch_size, self.seq_len, self.max_per_row
+    ids = np.full((b, t), self.vocab.pad_id, np.int32)
+    types = np.zeros((b, t), np.int32)
+    attention = np.zeros((b, t), np.int32)
+    cls = np.zeros((b, k), np.int32)
+    labels = np.full((b, k), -1, np.int32)
+    inst_row, inst_slot, inst_start, inst_len = [], [], [], []
+    for row, (index, record) in enumerate(zip(records, raw)):
+      row_instances = instances_lib.from_bytes_packed(record)
+      if len(row_instances) > k:
+        raise ValueError(f"Record {index} packs {len(row_instances)} "
+                         f"instances, more than the dataset's {k} per row.")
+      at = 0
+      for slot, instance in enumerate(row_instances):
+        n = len(instance.tokens)
+        if at + n > t:
+          raise ValueError(f"Record {index} packs more tokens than the "
+                           f"dataset's max_seq_length {t}.")
+        ids[row, at:at + n] = instance.tokens
+        types[row, at:at + n] = instance.token_type_ids
+        attention[row, at:at + n] = slot + 1
+        cls[row, slot] = at
+        labels[row, slot] = instance.label
+        inst_row.append(row)
+        inst_slot.append(slot)
+        inst_start.append(at)
+        inst_len.append(n)
+        at += n
+    out = {"input_ids": ids, "token_type_ids": types,
+           "attention_mask": attention, "sentence_labels": labels,
+           "cls_positions": cls}
+    p = self.num_predictions
+    if self.masking_config is None:
+      none = np.zeros((b, 0), np.int32)
+      return {**out, "masked_positions": none, "masked_ids": none,
+              "masked_weights": none.astype(np.float32)}
+    inst_row, inst_slot, inst_start, inst_len = (
+        np.asarray(x, np.int64) for x in (inst_row, inst_slot, inst_start,
+                                           inst_len))
+    # The instances one per row, left-aligned: [N, T].
+    j = np.arange(t)
+    valid = j[None, :] < inst_len[:, None]
+    src = np.minimum(inst_start[:, None] + j[None, :], t - 1)
+    one_per_row = np.where(valid, ids[inst_row[:, None], src],
+                           self.vocab.pad_id)
+    keys = row_random.row_keys(
+        self.seed, epochs[inst_row] if self.dynamic_masking else 0,
+        records[inst_row] * k + inst_slot)
+    masked = masking.mask_batch(
+        one_per_row, valid.astype(np.int32), keys,
+        word_start=self.vocab.word_start, special=self.vocab.special,
+        mask_id=self.vocab.mask_id, vocab_size=self.vocab.size,
+        config=self.masking_config)
+    r, c = np.nonzero(valid)
+    ids[inst_row[r], inst_start[r] + c] = masked["input_ids"][r, c]
+    # Targets in instance order (so ascending positions within a row).
+    inst, slot = np.nonzero(masked["masked_weights"] > 0)
+    positions, targets, weights = masking._pack_targets(  # pylint: disable=protected-access
+        inst_row[inst], masked["masked_positions"][inst, slot]
+        + inst_start[inst], masked["masked_ids"][inst, slot], b, p)
+    return {**out, "masked_positions": positions, "masked_ids": targets,
+            "masked_weights": weights}
 
   def _damaged(self, records: list[int], error: Exception) -> str:
     """The message for a failed read of `records`: which shard, which

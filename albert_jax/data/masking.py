@@ -67,6 +67,17 @@ class MaskingConfig:
     return p if self.favor_shorter_ngram else p[::-1].copy()
 
 
+def packed_predictions(config: MaskingConfig, seq_len: int,
+                       max_per_row: int) -> int:
+  """Prediction slots of a packed row of `max_per_row` (K) instances in
+  `seq_len` tokens: each instance keeps its own budget min(max_predictions,
+  max(1, round(n·masked_lm_prob))) <= n·masked_lm_prob + 1, so a row never
+  needs more than min(K·max_predictions, floor(seq_len·masked_lm_prob) + K).
+  """
+  return min(max_per_row * config.max_predictions,
+             int(seq_len * config.masked_lm_prob + 1e-9) + max_per_row)
+
+
 def mask_batch(input_ids: np.ndarray,
                attention_mask: np.ndarray,
                keys: np.ndarray,

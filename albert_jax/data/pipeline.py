@@ -39,14 +39,14 @@ def _prepare_config(config, tokenizer_path: str, output_dir: str):
       # config.json, a hand-built data section) cut at sentence ends.
       exact_length=d.get("exact_length", False), seed=config.seed,
       eval_fraction=d.eval_fraction,
-      num_workers=d.num_workers)
+      num_workers=d.num_workers, pack=d.get("pack", 0))
 
 
 def _recipe_matches(metadata: dict, wanted: prepare_lib.PrepareConfig) -> bool:
   have = metadata.get("config", {})
   keys = ("max_seq_length", "objective", "nsp_negatives_in_sop",
           "short_seq_prob", "dupe_factor", "exact_length", "seed",
-          "eval_fraction")
+          "eval_fraction", "pack")
   # Data prepared before a field existed was prepared with its default.
   defaults = {f.name: f.default
               for f in dataclasses.fields(prepare_lib.PrepareConfig)}
@@ -71,6 +71,13 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
           f"{config.data.objective!r}: its sentence labels mean something "
           f"else. Set --config.data.objective={prepared}, or prepare the "
           f"data again with --objective {config.data.objective}.")
+    packed = loader_lib.max_per_row(meta)
+    if packed != config.data.get("pack", 0):
+      raise ValueError(
+          f"{config.data.data_dir} was prepared with pack={packed} but "
+          f"config.data.pack is {config.data.get('pack', 0)}; set "
+          f"--config.data.pack={packed}, or prepare the data again with "
+          f"--pack {config.data.get('pack', 0)}.")
     return config.data.data_dir
   import jax  # pylint: disable=g-import-not-at-top
   out = os.fspath(storage.path(workdir) / "data")

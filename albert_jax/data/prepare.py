@@ -33,7 +33,11 @@ parameters are refused (`prepare_run.json` records them; `--overwrite`
 starts over). Masking is not materialised: the loader masks on the fly
 (statically or dynamically), so one prepared dataset serves both. A
 deterministic fraction of documents (`--eval_fraction`, by document index
-hash) goes to `eval-*` shards for held-out evaluation. The blocks, and the
+hash) goes to `eval-*` shards for held-out evaluation. With `--pack K` each
+record is a row of up to K instances, packed best-fit decreasing within the
+block (`instances.pack_rows`): packing once, here, rather than in the
+loader keeps every batch a function of (seed, step) alone
+(experiments/benchmarks/packing.py measures both). The blocks, and the
 worker that writes each one's shard, are `albert_jax.data.shards`. Inputs,
 the tokenizer and `--output_dir` are local or `gs://` (`albert_jax.storage`).
 """
@@ -96,6 +100,9 @@ class PrepareConfig:
   eval_fraction: float = 0.0
   unit_mb: float = 64.0
   num_workers: int = 1
+  # K >= 2: records are rows of up to K instances packed per block
+  # (`instances.pack_rows`); 0: one instance per record.
+  pack: int = 0
 
   def instance_config(self) -> instances_lib.InstanceConfig:
     return instances_lib.InstanceConfig(
@@ -114,6 +121,9 @@ class PrepareConfig:
       raise ValueError("num_workers must be >= 1.")
     if not self.unit_mb > 0:
       raise ValueError("unit_mb must be > 0.")
+    if self.pack == 1 or self.pack < 0:
+      raise ValueError(f"pack={self.pack}: use 0 (one instance per row) or "
+                       "K >= 2 instances per row, e.g. 3.")
 
 
 def prepare(docs: Iterator[list[str]], config: PrepareConfig,
@@ -322,7 +332,8 @@ def _prepare_units(plan, mine, sources, opener, config: PrepareConfig, *,
           unit.first_index, sources[unit.source].weight, config.seed):
         pending.append(("block", (split, unit.index, pool.submit(
             shards.write_block, split, unit.index, block, first, block_docs,
-            config.output_dir, config.instance_config(), config.seed))))
+            config.output_dir, config.instance_config(), config.seed,
+            config.pack))))
         drain(2 * config.num_workers)
       pending.append(("unit", (unit, stats)))
     drain(0)
@@ -415,7 +426,7 @@ def summary(metadata: dict) -> str:
   for split, s in metadata["splits"].items():
     if not s["documents"]:
       continue
-    padding = 1 - s["tokens"] / max(s["instances"] * seq, 1)
+    padding = 1 - s["tokens"] / max(s.get("rows", s["instances"]) * seq, 1)
     lines.append(f"{split:<6} {s['documents']:>10,} {s['sentences']:>10,} "
                  f"{s['instances']:>10,} {s['tokens']:>12,} {padding:>8.1%} "
                  f"{s['skipped_documents'] + s['skipped_chunks']:>8,}")

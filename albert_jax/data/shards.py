@@ -96,11 +96,13 @@ def init_worker(tokenizer_path: str, parent_pid: int | None = None) -> None:
 
 def write_block(split: str, unit: int, block: int, first_index: int,
                 docs: list[list[str]], output_dir: str,
-                recipe: instances_lib.InstanceConfig, seed: int
-                ) -> tuple[str, instances_lib.Stats]:
+                recipe: instances_lib.InstanceConfig, seed: int,
+                pack: int = 0) -> tuple[str, instances_lib.Stats]:
   """Tokenises a block of documents and writes its shard (the unit's
   `block`-th of `split`) into `output_dir` (local or `gs://`) with the
-  instance `recipe` and `seed`; returns (path, counts)."""
+  instance `recipe` and `seed`; returns (path, counts). With `pack` = K >= 2
+  each record is a row of up to K instances (`instances.pack_rows` over the
+  block), else one instance."""
   tok = _TOKENIZER
   # Sentences that tokenise to nothing (e.g. only control characters) would
   # make empty segments; drop them.
@@ -108,30 +110,38 @@ def write_block(split: str, unit: int, block: int, first_index: int,
   made, stats = instances_lib.create_instances(
       tokenised, recipe, seed, tok.cls_id, tok.sep_id,
       first_index=first_index)
+  if pack:
+    groups = instances_lib.pack_rows([len(x.tokens) for x in made],
+                                     recipe.max_seq_length, pack)
+    records = [instances_lib.to_bytes_packed([made[i] for i in g])
+               for g in groups]
+    stats.rows = len(groups)
+  else:
+    records = [instances_lib.to_bytes(x) for x in made]
   path = storage.path(output_dir) / shard_name(split, unit, block)
   if not storage.is_remote(path):
     tmp = f"{path}.tmp"
-    _write_records(tmp, made)
+    _write_records(tmp, records)
     os.replace(tmp, path)  # a shard is either whole or absent
     return os.fspath(path), stats
   # ArrayRecord writes only local files: write one, then upload it in one
   # request, which makes the object appear whole or not at all.
   with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
     local = os.path.join(tmp, path.name)
-    _write_records(local, made)
+    _write_records(local, records)
     with open(local, "rb") as f:
       storage.write_atomic(path, f.read())
   return os.fspath(path), stats
 
 
-def _write_records(path: str, made: list[instances_lib.Instance]) -> None:
-  """Writes `made` as the local ArrayRecord file `path`."""
+def _write_records(path: str, records: list[bytes]) -> None:
+  """Writes `records` as the local ArrayRecord file `path`."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   # group_size:1 makes every record randomly accessible on its own, which
   # the loader's global shuffle needs.
   writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
-  for inst in made:
-    writer.write(instances_lib.to_bytes(inst))
+  for record in records:
+    writer.write(record)
   writer.close()
 
 

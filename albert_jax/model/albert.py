@@ -117,7 +117,8 @@ class Albert(nn.Module):
                position_ids: jax.Array | None = None,
                masked_positions: jax.Array | None = None,
                deterministic: bool = True,
-               right_padded: bool = False) -> dict[str, Any]:
+               right_padded: bool = False,
+               cls_positions: jax.Array | None = None) -> dict[str, Any]:
     """Runs the model.
 
     Args:
@@ -137,6 +138,10 @@ class Albert(nn.Module):
         fine-tuning features write them: attention may then take row
         lengths instead of a mask (cuDNN's padding mask). Checked when the
         mask's values are known (outside jit).
+      cls_positions: [B, K] int, the [CLS] of each packed sequence: the
+        pooler and the "sop" head then read every one of them
+        ("pooled_output" [B, K, H], "sop_logits" [B, K, 2]). Default: the
+        row's first token (or a causal model's last).
 
     Returns:
       dict with "sequence_output" [B, T, H], and where built
@@ -175,7 +180,9 @@ class Albert(nn.Module):
                                                  deterministic, right_padded)
     out = {"sequence_output": x}
     if self.pooler:
-      if cfg.causal:
+      if cls_positions is not None:
+        summary = heads_lib.gather_positions(x, cls_positions)
+      elif cfg.causal:
         summary = jnp.take_along_axis(
             x, encoder_lib.last_token_index(attention_mask)[:, None, None],
             axis=1)[:, 0]

@@ -325,3 +325,26 @@ def position_ids(cfg: ModelConfig, input_ids: jax.Array,
       attention_mask != 0)
   real = real.astype(jnp.int32)
   return jnp.cumsum(real, axis=1) * real + cfg.pad_token_id
+
+
+def segment_position_ids(cfg: ModelConfig, attention_mask: jax.Array
+                         ) -> jax.Array:
+  """Positions that restart at every packed sequence: [B, T] mask (0 =
+  padding, equal non-zero values = one sequence, each a contiguous run) →
+  [B, T] int32.
+
+  Each sequence's tokens count 0, 1, ... from its first token (with
+  `cfg.position_ids_from_padding`, from `pad_token_id + 1`, padding at
+  `pad_token_id`), so a sequence packed at offset o is embedded exactly as
+  it would be alone in a row.
+  """
+  mask = attention_mask.astype(jnp.int32)
+  t = jnp.arange(mask.shape[1], dtype=jnp.int32)
+  starts = jnp.concatenate([jnp.ones_like(mask[:, :1], bool),
+                            mask[:, 1:] != mask[:, :-1]], axis=1)
+  first = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
+  offset = t - first
+  if not cfg.position_ids_from_padding:
+    return offset
+  return jnp.where(mask != 0, offset + cfg.pad_token_id + 1,
+                   cfg.pad_token_id)

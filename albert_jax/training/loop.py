@@ -368,10 +368,14 @@ class _Fit:
     self.t_last, self.s_last = now, done
     m["seq_per_sec"] = config.batch_size / dt
     m["tokens_per_sec"] = config.batch_size * self.tokens_per_sequence / dt
+    # The objective's padding_fraction (from the batch): only real tokens
+    # are useful work, so MFU counts their share of the step's FLOPs.
+    real = 1.0 - m.get("padding_fraction", 0.0)
+    m["real_tokens_per_sec"] = m["tokens_per_sec"] * real
     m["step_time"] = dt
     m["skipped_steps"] = float(self.guard.total)
     if self.peak:
-      m["mfu"] = flops_lib.mfu(self.flops_per_step, dt,
+      m["mfu"] = flops_lib.mfu(self.flops_per_step * real, dt,
                                self.peak * 1e12 * jax.device_count())
     self.writer.write(done, {f"train/{k}": v for k, v in m.items()})
     self.progress.update(done, m)

@@ -100,12 +100,27 @@ def mlm_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array
 
 
 def sentence_sums(logits: jax.Array, labels: jax.Array) -> Sums:
-  """logits [B, 2], labels [B] (−1 = no label) → "sop_loss_sum",
+  """logits [B, 2] (packed: [B, K, 2]), labels [B] ([B, K]; −1 = no label)
+  → "sop_loss_sum",
   "sop_correct", "sop_count"."""
   sums = weighted_cross_entropy(logits, labels,
                                 (labels >= 0).astype(jnp.float32))
   return {"sop_loss_sum": sums["loss_sum"], "sop_correct": sums["correct"],
           "sop_count": sums["weight"]}
+
+
+def padding_sums(attention_mask: jax.Array) -> Sums:
+  """[B, T] mask (0 = padding) → "real_tokens" and "tokens" of the batch:
+  sums, so micro-batches and devices add up to the whole batch's."""
+  return {"real_tokens": jnp.sum((attention_mask != 0).astype(jnp.float32)),
+          "tokens": jnp.asarray(attention_mask.size, jnp.float32)}
+
+
+def padding_metrics(sums: Sums) -> dict[str, jax.Array]:
+  """"padding_fraction": the share of the batch's positions that hold no
+  token (compute spent on nothing; packing lowers it)."""
+  return {"padding_fraction": 1.0 - sums["real_tokens"]
+          / jnp.maximum(sums["tokens"], 1.0)}
 
 
 def lm_targets(input_ids: jax.Array, attention_mask: jax.Array
@@ -151,6 +166,8 @@ def masked_lm_metrics(sums: Sums) -> dict[str, jax.Array]:
     out["sop_loss"] = sums["sop_loss_sum"] / count
     out["sop_accuracy"] = sums["sop_correct"] / count
     out["loss"] = out["loss"] + out["sop_loss"]
+  if "real_tokens" in sums:
+    out.update(padding_metrics(sums))
   return out
 
 
@@ -158,8 +175,11 @@ def lm_metrics(sums: Sums) -> dict[str, jax.Array]:
   """Causal-LM loss (nats per predicted token), accuracy and perplexity."""
   count = jnp.maximum(sums["lm_count"], 1.0)
   loss_ = sums["lm_loss_sum"] / count
-  return {"lm_loss": loss_, "lm_accuracy": sums["lm_correct"] / count,
-          "lm_perplexity": jnp.exp(loss_), "loss": loss_}
+  out = {"lm_loss": loss_, "lm_accuracy": sums["lm_correct"] / count,
+         "lm_perplexity": jnp.exp(loss_), "loss": loss_}
+  if "real_tokens" in sums:
+    out.update(padding_metrics(sums))
+  return out
 
 
 class MaskedLMObjective:
@@ -168,31 +188,51 @@ class MaskedLMObjective:
 
   The loader always yields `sentence_labels` (−1 without a sentence
   objective); only a model with the sentence head has a term for them.
+  Packed batches (several instances per row, `loader.batch_schema` with K)
+  restart positions per instance and score each instance's [CLS]
+  (`sentence_labels` and `cls_positions` [B, K], −1 for an unused slot).
   """
 
-  def __init__(self, model, right_padded: bool = False):
+  def __init__(self, model, right_padded: bool = False, packed: bool = False):
     """`model`: an `albert.Albert` with the "mlm" head; `right_padded`: the
     batches' rows are one instance then padding (`Albert`'s promise of that
-    name), as the pre-training loader writes them."""
+    name), as the unpacked pre-training loader writes them; `packed`: the
+    batches are packed rows."""
+    if packed and right_padded:
+      raise ValueError("Packed rows hold several sequences; they are not "
+                       "right_padded.")
     self.model = model
     self.sentence_task = "sop" in model.heads
     self.right_padded = right_padded
+    self.packed = packed
 
-  def sums(self, params, batch: Batch, rng, deterministic: bool) -> Sums:
-    # Positions from the attention mask, not the ids: a masked token that
-    # the masker replaced by a random <pad> must not shift the rest.
-    positions = encoder_lib.position_ids(
-        self.model.config, batch["input_ids"], batch["attention_mask"])
-    out = self.model.apply(
+  def outputs(self, params, batch: Batch, rng, deterministic: bool
+              ) -> dict[str, jax.Array]:
+    """The model's outputs for `batch` (`albert.Albert`'s dict; packed:
+    "sop_logits" [B, K, 2], one per instance)."""
+    if self.packed:
+      positions = encoder_lib.segment_position_ids(self.model.config,
+                                                   batch["attention_mask"])
+    else:
+      # Positions from the attention mask, not the ids: a masked token that
+      # the masker replaced by a random <pad> must not shift the rest.
+      positions = encoder_lib.position_ids(
+          self.model.config, batch["input_ids"], batch["attention_mask"])
+    return self.model.apply(
         {"params": params}, batch["input_ids"], batch["token_type_ids"],
         batch["attention_mask"], position_ids=positions,
         masked_positions=batch["masked_positions"],
         deterministic=deterministic, right_padded=self.right_padded,
+        cls_positions=batch["cls_positions"] if self.packed else None,
         rngs=None if deterministic else {"dropout": rng})
+
+  def sums(self, params, batch: Batch, rng, deterministic: bool) -> Sums:
+    out = self.outputs(params, batch, rng, deterministic)
     sums = mlm_sums(out["mlm_logits"], batch["masked_ids"],
                     batch["masked_weights"])
     if self.sentence_task:
       sums.update(sentence_sums(out["sop_logits"], batch["sentence_labels"]))
+    sums.update(padding_sums(batch["attention_mask"]))
     return sums
 
   def denominators(self, batch: Batch) -> dict[str, jax.Array]:
@@ -224,7 +264,8 @@ class CausalLMObjective:
         right_padded=self.right_padded,
         rngs=None if deterministic else {"dropout": rng})
     labels, weights = lm_targets(batch["input_ids"], batch["attention_mask"])
-    return lm_sums(out["lm_logits"], labels, weights)
+    return {**lm_sums(out["lm_logits"], labels, weights),
+            **padding_sums(batch["attention_mask"])}
 
   def denominators(self, batch: Batch) -> dict[str, jax.Array]:
     _, weights = lm_targets(batch["input_ids"], batch["attention_mask"])

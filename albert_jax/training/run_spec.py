@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from albert_jax.data import loader as loader_lib
+from albert_jax.data import masking as masking_lib
+from albert_jax.data import pipeline
 from albert_jax.model import albert as albert_lib
 from albert_jax.model import electra as electra_model
 from albert_jax.model import flops as flops_lib
@@ -76,6 +78,8 @@ class RunSpec:
     num_predictions: masked slots per row; 0 for the unmasked token stream
       of a causal LM.
     generator_config: ELECTRA's generator, else None.
+    max_per_row: K, instances packed into a row (`config.data.pack`); 0
+      for one instance per row.
   """
   kind: str
   model_config: ModelConfig
@@ -86,6 +90,7 @@ class RunSpec:
   seq_len: int
   num_predictions: int
   generator_config: ModelConfig | None = None
+  max_per_row: int = 0
 
   @property
   def masked(self) -> bool:
@@ -102,7 +107,7 @@ class RunSpec:
   def batch_schema(self) -> dict[str, tuple[tuple[int, ...], Any]]:
     """The loader's global batch: key → (shape, dtype)."""
     return loader_lib.batch_schema(self.batch_size, self.seq_len,
-                                   self.num_predictions)
+                                   self.num_predictions, self.max_per_row)
 
   def init_params(self, rng: jax.Array) -> Any:
     """rng → boxed (logically named) parameters."""
@@ -191,6 +196,7 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
   preds = (config.masking.max_predictions if num_predictions is None
            else num_predictions)
   common = dict(model_config=cfg, batch_size=batch, seq_len=seq)
+  pack = check_pack(config)
   if name == "electra":
     options = electra_lib.ElectraOptions.from_config(config)
     generator = electra_model.generator_config(cfg,
@@ -209,12 +215,44 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
                    num_predictions=0, **common)
   heads = sentence_heads(config.data.get("objective", "sop"))
   model = albert_lib.Albert(cfg, heads=heads)
+  if pack:
+    if num_predictions is None:
+      preds = masking_lib.packed_predictions(
+          pipeline.masking_config(config), seq, pack)
+    return RunSpec(kind=name, heads=heads, model=model,
+                   objective=objectives.MaskedLMObjective(model, packed=True),
+                   num_predictions=preds, max_per_row=pack, **common)
   # The loader writes one instance per row, then padding
   # (data/loader.py), which lets attention take row lengths.
   return RunSpec(kind=name, heads=heads, model=model,
                  objective=objectives.MaskedLMObjective(model,
                                                         right_padded=True),
                  num_predictions=preds, **common)
+
+
+def check_pack(config) -> int:
+  """`config.data.pack` (K instances per row, 0 = off), refused where the
+  objective cannot read packed rows.
+
+  Raises:
+    ValueError: one line, the reason and the fix.
+  """
+  config = _as_config(config)
+  pack = config.data.get("pack", 0)
+  if not pack:
+    return 0
+  name = kind(config)
+  if name == "electra":
+    raise ValueError(
+        "config.data.pack packs several instances per row, but ELECTRA's "
+        "generator samples replacements and the discriminator scores rows "
+        "without per-instance positions; set --config.data.pack=0.")
+  if name == "causal_lm":
+    raise ValueError(
+        "config.data.pack packs sentence-pair instances, but causal_lm "
+        "reads contiguous windows (data.objective=none) that already fill "
+        "their rows; set --config.data.pack=0.")
+  return pack
 
 
 def _check_causal(config, cfg: ModelConfig) -> None:

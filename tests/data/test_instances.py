@@ -557,3 +557,47 @@ def test_degenerate_corpora():
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
     inst_lib.InstanceConfig(**kwargs)
+
+
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+@hypothesis.given(st.lists(st.integers(1, 64), max_size=80),
+                  st.integers(64, 96), st.integers(1, 4))
+def test_pack_rows_is_a_partition_that_fits(lengths, seq_len, k):
+  rows = inst_lib.pack_rows(lengths, seq_len, k)
+  assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+  for r in rows:
+    assert 1 <= len(r) <= k and r == sorted(r)
+    assert sum(lengths[i] for i in r) <= seq_len
+  assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+  # Best fit decreasing never opens a row for an instance that fits an
+  # earlier open one: of any two rows, the later one's first-placed
+  # (longest) instance did not fit the other's room with a free slot.
+  if rows:
+    assert inst_lib.pack_rows(lengths, seq_len, k) == rows  # deterministic
+    full = -(-sum(lengths) // seq_len)
+    assert len(rows) >= max(full, -(-len(lengths) // k))
+
+
+def test_pack_rows_pairs_short_instances():
+  # Four half rows and two full ones: 4 rows of one or two, not 6.
+  rows = inst_lib.pack_rows([30, 64, 30, 34, 64, 34], 64, 2)
+  assert rows == [[0, 5], [1], [2, 3], [4]]
+  # K bounds a row even when tokens are left over.
+  assert inst_lib.pack_rows([5] * 7, 64, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+  with pytest.raises(ValueError, match="more than max_seq_length"):
+    inst_lib.pack_rows([65], 64, 2)
+
+
+def test_packed_record_round_trip(corpus):
+  made = create(corpus[:10], objective="sop", max_seq_length=40)[0]
+  for row in (made[:1], made[:3], []):
+    got = inst_lib.from_bytes_packed(inst_lib.to_bytes_packed(row))
+    assert len(got) == len(row)
+    for x, y in zip(row, got):
+      np.testing.assert_array_equal(x.tokens, y.tokens)
+      np.testing.assert_array_equal(x.token_type_ids, y.token_type_ids)
+      assert x.label == y.label
+  record = inst_lib.to_bytes_packed(made[:2])
+  for bad in (b"", record[:-1], record + b"\x00", b"\x03" + record[1:]):
+    with pytest.raises(ValueError):
+      inst_lib.from_bytes_packed(bad)

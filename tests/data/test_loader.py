@@ -354,3 +354,83 @@ def test_a_damaged_shard_names_the_file_and_the_fix(data_dir, vocab, tmp_path):
       "Prepare the data again (python -m albert_jax.data.prepare) into a new "
       "--output_dir, or restore the file from a copy.")
   assert "\n" not in message
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tok, tmp_path_factory):
+  """Short documents (three sentences of at most five words), so most
+  instances fill half a row or less, prepared packed (K = 3) and unpacked:
+  (packed, unpacked) dirs."""
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    lines = [" ".join(l.split()[:5]) for l in itertools.islice(f, 600)]
+  docs = [[s for s in lines[i:i + 3] if s] for i in range(0, len(lines), 3)]
+  out = []
+  for pack in (3, 0):
+    d = tmp_path_factory.mktemp(f"pack{pack}")
+    prep.prepare(iter(docs), prep.PrepareConfig(
+        tokenizer=tok.path, output_dir=str(d), max_seq_length=SEQ,
+        docs_per_block=25, short_seq_prob=0.5, seed=1, pack=pack),
+                 progress=None)
+    out.append(str(d))
+  return tuple(out)
+
+
+def test_packed_rows_keep_each_instance_whole(packed_dir, vocab, tok):
+  packed, unpacked = (_loader(d, vocab) for d in packed_dir)
+  meta = packed.metadata["splits"]["train"]
+  assert meta["instances"] == unpacked.num_records > meta["rows"] == (
+      packed.num_records)
+  p = masking.packed_predictions(MCFG, SEQ, 3)
+  assert packed.num_predictions == p == min(3 * 8, int(SEQ * 0.15) + 3)
+  schema = loader_lib.batch_schema(BATCH, SEQ, p, 3)
+  real = 0
+  for step in range(3):
+    batch = packed.batch(step)
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == schema
+    records, _ = packed.record_indices(step)
+    for row, index in enumerate(records):
+      row_instances = inst_lib.from_bytes_packed(
+          packed._source[int(index)])  # pylint: disable=protected-access
+      w = batch["masked_weights"][row] > 0
+      pos = batch["masked_positions"][row][w]
+      assert np.all(np.diff(pos) > 0)
+      at = 0
+      for slot, inst in enumerate(row_instances):
+        n = len(inst.tokens)
+        span = slice(at, at + n)
+        assert batch["cls_positions"][row, slot] == at
+        assert batch["sentence_labels"][row, slot] == inst.label
+        assert (batch["attention_mask"][row, span] == slot + 1).all()
+        np.testing.assert_array_equal(batch["token_type_ids"][row, span],
+                                      inst.token_type_ids)
+        # The instance's own budget, scaled by its own length.
+        mine = pos[(pos >= at) & (pos < at + n)]
+        assert len(mine) == min(MCFG.max_predictions,
+                                max(1, round(n * 0.15)))
+        ids = batch["input_ids"][row, span]
+        assert set(np.flatnonzero(ids != inst.tokens)) <= set(mine - at)
+        np.testing.assert_array_equal(
+            batch["masked_ids"][row][w][(pos >= at) & (pos < at + n)],
+            inst.tokens[mine - at])
+        at += n
+      k = len(row_instances)
+      assert (batch["attention_mask"][row, at:] == 0).all()
+      assert (batch["input_ids"][row, at:] == tok.pad_id).all()
+      assert (batch["sentence_labels"][row, k:] == -1).all()
+      assert w.sum() == len(pos) and w.tolist() == sorted(w.tolist(),
+                                                          reverse=True)
+      real += at
+  # Packing fills the rows: far less padding than one instance per row.
+  unpacked_real = sum(int((unpacked.batch(s)["attention_mask"] > 0).sum())
+                      for s in range(3))
+  assert 1 - real / (3 * BATCH * SEQ) < 0.5 * (
+      1 - unpacked_real / (3 * BATCH * SEQ))
+
+
+def test_packed_batches_resume_exactly(packed_dir, vocab):
+  loader = _loader(packed_dir[0], vocab, prefetch=2)
+  run = _steps(loader, 0, 8)
+  for k in (1, int(loader.steps_per_epoch) + 1):
+    for x, y in zip(run[k:], _steps(_loader(packed_dir[0], vocab), k,
+                                    8 - k)):
+      _assert_equal(x, y)

@@ -61,6 +61,9 @@ def pretraining_sums(out, batch):
   if "sop_logits" in out:
     sums.update(objectives.sentence_sums(out["sop_logits"],
                                          batch["sentence_labels"]))
+  mask = batch["attention_mask"]
+  sums["real_tokens"] = jnp.sum(mask != 0).astype(jnp.float32)
+  sums["tokens"] = jnp.asarray(mask.size, jnp.float32)
   return sums
 
 
@@ -342,7 +345,9 @@ def test_metrics_match_independent_computation():
     expected = dict(loss=mlm_loss + sop_loss, mlm_loss=mlm_loss,
                     mlm_accuracy=mlm_acc, sop_loss=sop_loss,
                     sop_accuracy=sop_acc, grad_norm=grad_norm,
-                    param_norm=param_norm, learning_rate=lr)
+                    param_norm=param_norm, learning_rate=lr,
+                    padding_fraction=np.mean(np.asarray(
+                        batch["attention_mask"]) == 0))
     assert set(m) == set(expected)
     for key, value in expected.items():
       np.testing.assert_allclose(m[key], value, rtol=2e-6, atol=1e-7,
