@@ -26,6 +26,7 @@ from albert_jax.data import documents as docs_lib
 from albert_jax.data import instances as inst_lib
 from albert_jax.data import prepare as prep
 from albert_jax.data import shards
+from albert_jax.data import units as units_lib
 from albert_jax.text import train as text_train
 
 BUNDLED = CORPUS.parent  # the bundled corpus's files
@@ -321,3 +322,20 @@ def test_peak_memory_is_bounded_by_the_block_not_the_corpus(tiny_spm,
   meta = json.loads((tmp_path / "out" / "dataset.json").read_text())
   assert meta["read"]["documents"] > 30
   assert peak - before < 4 * 1024, (before, peak)  # KiB
+
+
+@pytest.mark.parametrize("pack", [0, 3])
+def test_a_finished_unit_checks_out_whether_packed_or_not(pack, tok,
+                                                          tmp_path):
+  """A unit's record counts its shards' records (packed rows or instances),
+  so a rerun keeps it rather than preparing it again."""
+  docs = _self_naming_docs(40, np.random.default_rng(3))
+  meta = _run(docs, _config(tok, tmp_path, docs_per_block=4, pack=pack))
+  record = units_lib.finished(str(tmp_path), 0)
+  assert record is not None
+  shards = record["splits"]["train"]["shards"]
+  rows = sum(s["records"] for s in shards)
+  assert rows == meta["splits"]["train"]["rows"] == sum(
+      len(_records(tmp_path / s["name"])) for s in shards)
+  instances = sum(s["instances"] for s in shards)
+  assert (rows < instances) if pack else (rows == instances)
