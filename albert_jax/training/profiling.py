@@ -101,22 +101,28 @@ def problems(section: Mapping[str, Any]) -> list[str]:
 def tracer_problem() -> str | None:
   """Why starting a trace here would end the process, or None.
 
-  With libtpu installed and no TPU, jax still initialises libtpu's PJRT
-  plugin (unless JAX_PLATFORMS leaves TPUs out), and the profiler then calls
-  its tracer, whose API does not match this jaxlib's (libtpu 0.0.52 with jax
-  0.10.2: "Unexpected PLUGIN_Profiler_Api size", then a segmentation
-  fault). JAX_PLATFORMS=cpu (or cuda) keeps the plugin out.
+  Where libtpu's PJRT plugin is loaded but the backend is not a TPU, the
+  profiler calls the plugin's tracer, whose API does not match this
+  jaxlib's (libtpu 0.0.52 with jax 0.10.2: "Unexpected PLUGIN_Profiler_Api
+  size", then a segmentation fault). jax loads the plugin on a host with
+  libtpu installed and no TPU unless JAX_PLATFORMS leaves TPUs out, and a
+  compile for a TPU topology (`--compile_only --topology=v5e:...`) loads it
+  in its own process whatever JAX_PLATFORMS says.
   """
+  from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+  backend = jax.default_backend()
+  if backend == "tpu" or not xla_client.pjrt_plugin_loaded("tpu"):
+    return None
   platforms = jax.config.jax_platforms or ""
-  tpu_allowed = not platforms or "tpu" in platforms.split(",")
-  if (jax.default_backend() != "tpu" and tpu_allowed
-      and sys.modules.get("libtpu") is not None):
-    return (f"config.profile needs JAX_PLATFORMS={jax.default_backend()} "
-            f"on this {jax.default_backend()} host: libtpu is installed, "
-            "and jax.profiler crashes the process calling its TPU plugin "
-            "where there is no TPU; rerun as JAX_PLATFORMS="
-            f"{jax.default_backend()} python -m albert_jax.main ...")
-  return None
+  if not platforms or "tpu" in platforms.split(","):
+    return (f"config.profile needs JAX_PLATFORMS={backend} on this {backend} "
+            "host: libtpu is installed, and jax.profiler crashes the process "
+            "calling its TPU plugin where there is no TPU; rerun as "
+            f"JAX_PLATFORMS={backend} python -m albert_jax.main ...")
+  return ("config.profile: this process loaded libtpu's plugin (a compile "
+          "for a TPU topology) and runs on " + backend + ", where "
+          "jax.profiler would crash in the plugin's tracer; profile in a "
+          "process of its own.")
 
 
 def check_can_trace(options: ProfileOptions) -> None:

@@ -154,8 +154,8 @@ def fixture_runs(tmp_path):
 
 
 # ALBERT-tiny: vocab 1000, E=32, H=64, 2 layers, FFN 128, 128 positions;
-# base_config: batch 4096, 512 tokens, 20 predictions.
-V, E, H, L, F, POS, T, P, B = 1000, 32, 64, 2, 128, 128, 128, 20, 4096
+# configs/tiny.py: batch 8, 128 tokens, 20 predictions.
+V, E, H, L, F, POS, T, P, B = 1000, 32, 64, 2, 128, 128, 128, 20, 8
 
 
 def _params(copies):
@@ -196,7 +196,7 @@ def test_report_table_and_curves(runs, tmp_path, capsys):
   # 524,288 + 8,388,608 + 8,388,608 + 8,388,608 + 8,192 + 256 + 81,920
   # + 1,280,000 per sequence of 128.
   assert _params(1) == 75_968
-  assert _flops(30, True) == 3 * 4096 * 30 * 27_060_480
+  assert _flops(30, True) == 3 * 8 * 30 * 27_060_480
   printed = capsys.readouterr().out
   assert printed.splitlines()[:5] == expected[:1] + [expected[1]] + expected[
       2:5]

@@ -21,6 +21,7 @@ import sys
 from google.protobuf import descriptor_pb2
 from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
+import fresh_process
 import jax
 import jax.numpy as jnp
 from locations import EXPERIMENTS
@@ -387,7 +388,8 @@ def test_library_kernels_by_symbol(symbol, component):
   assert sb.library_component(symbol) == component
 
 
-def test_cpu_trace_of_a_jitted_step(tmp_path):
+def _trace_a_jitted_step(directory: str) -> str:
+  """Traces two steps of a jitted scan into `directory`; the step's HLO."""
   def loss(w, x):
     def layer(h, _):
       with jax.named_scope("FFNBlock/intermediate"):
@@ -398,10 +400,14 @@ def test_cpu_trace_of_a_jitted_step(tmp_path):
   compiled = jax.jit(lambda w, x: w - 0.1 * jax.grad(loss)(w, x)).lower(
       w, x).compile()
   compiled(w, x).block_until_ready()
-  with jax.profiler.trace(str(tmp_path)):
+  with jax.profiler.trace(directory):
     for _ in range(2):
       compiled(w, x).block_until_ready()
-  text = compiled.as_text()
+  return compiled.as_text()
+
+
+def test_cpu_trace_of_a_jitted_step(tmp_path):
+  text = fresh_process.run(_trace_a_jitted_step, str(tmp_path))
   r = sb.breakdown(str(tmp_path), text, steps=2, top=1000)
   assert (r.platform, r.busy_ms, r.idle_ms, r.streams) == ("cpu", None,
                                                            None, {})

@@ -254,7 +254,8 @@ def test_two_processes_share_one_gcs_workdir(gcs_bucket, tiny_sop_dataset,
   tokenizer, local_data = tiny_sop_dataset
   data_dir = f"{gcs_bucket}/data"
   for f in storage.path(local_data).iterdir():
-    storage.path(f"{data_dir}/{f.name}").write_bytes(f.read_bytes())
+    if f.is_file():  # the shards and dataset.json; units/ is prepare's own
+      storage.path(f"{data_dir}/{f.name}").write_bytes(f.read_bytes())
   workdir, port = f"{gcs_bucket}/two", _free_port()
   args = ["--config=configs/tiny.py", f"--workdir={workdir}",
           f"--config.data.tokenizer={tokenizer}",

@@ -6,10 +6,9 @@ covers the run's wall time. One run (module fixture) serves the checks.
 import glob
 import importlib.util
 import json
-import sys
 import time
-import types
 
+import fresh_process
 import jax
 import jax.numpy as jnp
 from locations import CONFIGS
@@ -44,12 +43,18 @@ def _tiny_config(tokenizer, data_dir):
 @pytest.fixture(name="run", scope="module")
 def fixture_run(tiny_sop_dataset, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("profiled")
-  config = _tiny_config(*tiny_sop_dataset)
+  goodput, seconds = fresh_process.run(_profiled_run, *tiny_sop_dataset,
+                                         str(workdir))
+  print(goodput)  # shown with pytest -s
+  return workdir, {"goodput": goodput}, seconds
+
+
+def _profiled_run(tokenizer, data_dir, workdir):
+  """The tiny profiled run: its goodput summary and its seconds, start to
+  end of `pretrain.run`."""
   started = time.time()
-  result = pretrain.run(config, str(workdir))
-  seconds = time.time() - started
-  print(result["goodput"])  # shown with pytest -s
-  return workdir, result, seconds
+  result = pretrain.run(_tiny_config(tokenizer, data_dir), workdir)
+  return result["goodput"], time.time() - started
 
 
 def test_the_trace_is_where_tensorboard_looks(run):
@@ -120,7 +125,11 @@ def test_profile_options_are_checked():
     (dict(num_steps=2, hosts=(1,)), 0, []),
     (dict(num_steps=0), 0, []),
 ])
-def test_which_steps_are_profiled(options, session_start, starts, tmp_path):
+def test_which_steps_are_profiled(options, session_start, starts, tmp_path,
+                                  monkeypatch):
+  # No trace starts here, so a TPU plugin another test loaded is no matter.
+  from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(xla_client, "pjrt_plugin_loaded", lambda name: False)
   p = profiling.StepProfiler(profiling.ProfileOptions(**options),
                              str(tmp_path), session_start=session_start,
                              lower=None)
@@ -130,36 +139,51 @@ def test_which_steps_are_profiled(options, session_start, starts, tmp_path):
 
 
 def test_a_host_whose_profiler_would_crash_is_refused(monkeypatch):
-  """libtpu installed, no TPU, JAX_PLATFORMS unset: jax.profiler would end
-  the process in libtpu's tracer; the run refuses at start, with the fix."""
-  monkeypatch.setitem(sys.modules, "libtpu", types.ModuleType("libtpu"))
+  """libtpu's plugin loaded, no TPU: jax.profiler would end the process in
+  the plugin's tracer; the run refuses at start, with the fix."""
+  from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+  loaded = {"tpu": True}
+  monkeypatch.setattr(xla_client, "pjrt_plugin_loaded",
+                      lambda name: loaded.get(name, False))
   platforms = jax.config.jax_platforms
   try:
-    jax.config.update("jax_platforms", "")
+    jax.config.update("jax_platforms", "")  # jax loads the plugin itself
     with pytest.raises(ValueError, match=(
         "config.profile needs JAX_PLATFORMS=cpu on this cpu host: libtpu "
         "is installed")):
       profiling.check_can_trace(profiling.ProfileOptions(num_steps=2))
     profiling.check_can_trace(profiling.ProfileOptions(num_steps=0))
-    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_platforms", "cpu")  # a TPU topology compile did
+    with pytest.raises(ValueError, match=(
+        "this process loaded libtpu's plugin .* profile in a process of its "
+        "own")):
+      profiling.check_can_trace(profiling.ProfileOptions(num_steps=2))
+    loaded["tpu"] = False
     profiling.check_can_trace(profiling.ProfileOptions(num_steps=2))
   finally:
     jax.config.update("jax_platforms", platforms)
 
 
-def test_a_gcs_workdirs_profile_is_copied_up(gcs_bucket):
-  """In a gs:// workdir the trace is recorded locally and copied up beside
-  its summary, where TensorBoard reads it."""
+def _trace_two_steps(workdir):
   step = jax.jit(lambda x: jnp.tanh(x @ x) + 1.0)
-  workdir = f"{gcs_bucket}/run"
   profiler = profiling.StepProfiler(
       profiling.ProfileOptions(num_steps=2, start_step=2), workdir,
       session_start=0, lower=lambda state, batch: step.lower(state))
   x = jnp.ones((64, 64))
+  stopped = []
   for s in (1, 2, 3):
     profiler.before(s, x)
     x = step(x)
-    assert profiler.after(s, x, None) == (s == 3)
+    stopped.append(profiler.after(s, x, None))
+  return stopped
+
+
+def test_a_gcs_workdirs_profile_is_copied_up(gcs_bucket):
+  """In a gs:// workdir the trace is recorded locally and copied up beside
+  its summary, where TensorBoard reads it."""
+  workdir = f"{gcs_bucket}/run"
+  assert fresh_process.run(_trace_two_steps, workdir) == [False, False,
+                                                            True]
   traces = storage.glob(f"{workdir}/profile/plugins/profile/*/*.xplane.pb")
   assert len(traces) == 1
   summary = storage.path(f"{workdir}/profile/summary.md").read_text()
