@@ -52,11 +52,9 @@ class ModelConfig:
     initializer: how weight matrices and embedding tables start, each of
       scale `initializer_range` (`layers.kernel_init`): "truncated_normal"
       (the official code's, redrawn beyond 2σ: deviation 0.88 ×
-      initializer_range) or "normal" (transformers'). With the official
-      LAMB on 2-3 sentence documents marked by fixed order words, sentence
-      order came by step 300 from transformers' weights and from "normal"
-      with seed 1, not from "truncated_normal" with seed 1 nor "normal"
-      with seed 0 (REPRODUCTION.md, "Sentence order: the initialiser").
+      initializer_range) or "normal" (transformers', for runs compared
+      with transformers' from scratch). REPRODUCTION.md, "Sentence order
+      on the counting corpus", has what was measured with each.
     causal: left-to-right attention (GPT-1): a token attends only to itself
       and earlier tokens of its segment, and the pooler reads the last
       non-padding token instead of position 0.

@@ -1,5 +1,6 @@
 r"""Sentence order on the counting corpus: which ingredient makes the
-official LAMB learn it (REPRODUCTION.md, "Sentence order: the initialiser").
+official LAMB learn it (REPRODUCTION.md, "Sentence order on the
+counting corpus").
 
 albert_jax's model, masked-LM objective and official LAMB, trained on the
 loop of ../shared/tools/sop_reference/sop_reference_torch.py: a prepared
