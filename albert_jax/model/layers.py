@@ -25,9 +25,24 @@ _HALF_SQRT_2_OVER_PI = 0.5 * math.sqrt(2.0 / math.pi)
 _SQRT_HALF_OVER_PI = math.sqrt(0.5 / math.pi)  # φ(0) = 1/√(2π)
 
 
-def kernel_init(stddev: float) -> Callable:
-  """Truncated normal at ±2σ, as the official ALBERT/BERT code initialises."""
-  return nn.initializers.truncated_normal(stddev=stddev)
+# How weight matrices and embedding tables start (`ModelConfig.initializer`).
+INITIALIZERS = ("truncated_normal", "normal")
+
+
+def kernel_init(stddev: float, kind: str = "truncated_normal") -> Callable:
+  """A weight initialiser of scale `stddev`.
+
+  "truncated_normal" is the official ALBERT/BERT code's
+  (`tf.truncated_normal_initializer`): N(0, stddev²) redrawn outside ±2
+  stddev, so the values' deviation is 0.88 stddev. "normal" is HF
+  transformers' (`normal_(std=stddev)`), untruncated, deviation stddev.
+  """
+  if kind == "truncated_normal":
+    return nn.initializers.truncated_normal(stddev=stddev)
+  if kind == "normal":
+    return nn.initializers.normal(stddev=stddev)
+  raise ValueError(f"Unknown initializer {kind!r}; choose one of "
+                   f"{INITIALIZERS}.")
 
 
 @jax.custom_jvp
@@ -187,12 +202,14 @@ class Dense(nn.Module):
     features: output feature shape, e.g. (heads, head_dim) or (hidden,).
     axes: logical names of the kernel, input axes first then output axes.
     contract: number of trailing input axes contracted.
+    init_range, init: the kernel's initialiser (`kernel_init`).
   """
   features: Sequence[int]
   axes: Sequence[str | None]
   contract: int = 1
   use_bias: bool = True
   init_range: float = 0.02
+  init: str = "truncated_normal"
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -208,7 +225,7 @@ class Dense(nn.Module):
     in_shape = x.shape[-self.contract:]
     kernel = self.param(
         "kernel",
-        nn.with_logical_partitioning(kernel_init(self.init_range),
+        nn.with_logical_partitioning(kernel_init(self.init_range, self.init),
                                      tuple(self.axes)),
         in_shape + features, self.param_dtype)
     x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
@@ -414,13 +431,15 @@ class Embed(nn.Module):
   features: int
   axes: tuple[str, str] = ("vocab", "embed")
   init_range: float = 0.02
+  init: str = "truncated_normal"
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   def setup(self):
     self.embedding = self.param(
         "embedding",
-        nn.with_logical_partitioning(kernel_init(self.init_range), self.axes),
+        nn.with_logical_partitioning(kernel_init(self.init_range, self.init),
+                                     self.axes),
         (self.num_embeddings, self.features), self.param_dtype)
 
   def __call__(self, ids: jax.Array) -> jax.Array:
