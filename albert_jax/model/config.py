@@ -225,7 +225,7 @@ class ModelConfig:
     """What every `layers.Dense` and `layers.Embed` of this model is built
     with: the initializer and its range, and the compute and storage
     dtypes."""
-    return dict(init_range=self.initializer_range, init=self.initializer,
+    return dict(init_range=self.initializer_range, initializer=self.initializer,
                 dtype=self.compute_dtype,
                 param_dtype=self.parameter_dtype)
 

@@ -202,14 +202,15 @@ class Dense(nn.Module):
     features: output feature shape, e.g. (heads, head_dim) or (hidden,).
     axes: logical names of the kernel, input axes first then output axes.
     contract: number of trailing input axes contracted.
-    init_range, init: the kernel's initialiser (`kernel_init`).
+    init_range, initializer: the kernel's initialiser (`kernel_init`; a field
+      named `init` would hide flax's Module.init).
   """
   features: Sequence[int]
   axes: Sequence[str | None]
   contract: int = 1
   use_bias: bool = True
   init_range: float = 0.02
-  init: str = "truncated_normal"
+  initializer: str = "truncated_normal"
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -225,8 +226,9 @@ class Dense(nn.Module):
     in_shape = x.shape[-self.contract:]
     kernel = self.param(
         "kernel",
-        nn.with_logical_partitioning(kernel_init(self.init_range, self.init),
-                                     tuple(self.axes)),
+        nn.with_logical_partitioning(
+            kernel_init(self.init_range, self.initializer),
+            tuple(self.axes)),
         in_shape + features, self.param_dtype)
     x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
     if compile_platform() == "cpu" and x.size and kernel.size:
@@ -431,15 +433,15 @@ class Embed(nn.Module):
   features: int
   axes: tuple[str, str] = ("vocab", "embed")
   init_range: float = 0.02
-  init: str = "truncated_normal"
+  initializer: str = "truncated_normal"
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   def setup(self):
     self.embedding = self.param(
         "embedding",
-        nn.with_logical_partitioning(kernel_init(self.init_range, self.init),
-                                     self.axes),
+        nn.with_logical_partitioning(
+            kernel_init(self.init_range, self.initializer), self.axes),
         (self.num_embeddings, self.features), self.param_dtype)
 
   def __call__(self, ids: jax.Array) -> jax.Array:

@@ -55,7 +55,7 @@ class ConcatDense(nn.Module):
   """
   features: int
   init_range: float = 0.02
-  init: str = "truncated_normal"
+  initializer: str = "truncated_normal"
   dtype: layers.Dtype = jnp.float32
   param_dtype: layers.Dtype = jnp.float32
 
@@ -64,7 +64,7 @@ class ConcatDense(nn.Module):
     split = a.shape[-1]
     kernel = self.param(
         "kernel", nn.with_logical_partitioning(
-            layers.kernel_init(self.init_range, self.init),
+            layers.kernel_init(self.init_range, self.initializer),
             ("embed", "embed_out")),
         (split + b.shape[-1], self.features), self.param_dtype)
     bias = self.param(
