@@ -5,7 +5,7 @@ The trace goes to WORKDIR/profile/plugins/profile/<time>/<host>.xplane.pb,
 where TensorBoard's profile plugin (`tensorboard --logdir WORKDIR/profile`)
 and Perfetto (via the plugin's trace viewer, or `xprof`) read it. A gs://
 workdir's trace is recorded locally and then copied up. Once the profiled
-steps have run, `albert_jax.tools.step_breakdown` reads the trace with the
+steps have run, `albert_jax.training.step_breakdown` reads the trace with the
 train step's HLO and writes profile/summary.md (on other hosts
 summary.host<N>.md), also printed: milliseconds per step by component and
 phase, the wall time shared among them, and the slowest ops or kernels.
@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from albert_jax import storage
-from albert_jax.tools import step_breakdown
+from albert_jax.training import step_breakdown
 
 log = logging.getLogger(__name__)
 

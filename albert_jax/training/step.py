@@ -126,7 +126,7 @@ def make_train_step(objective, tx: optax.GradientTransformation,
       # Back to the parameters' dtype, as a single step's gradients are.
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
 
-    # The named scopes give the step breakdown (tools/step_breakdown.py)
+    # The named scopes give the step breakdown (training/step_breakdown.py)
     # the optimizer, the guard and the metrics as rows of their own.
     with jax.named_scope(GUARD_SCOPE):
       # The barrier keeps XLA from copying the whole finiteness check into

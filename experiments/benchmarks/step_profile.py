@@ -1,6 +1,6 @@
 """Where albert_jax's train step spends its time, from a `jax.profiler` trace.
 
-A thin caller of `albert_jax.tools.step_breakdown`, which reads the trace
+A thin caller of `albert_jax.training.step_breakdown`, which reads the trace
 (XLA:CPU thunks, GPU kernels per stream, TPU ops), ties each event to its
 HLO instruction and classifies it by model component and phase. Here:
 `run_profile` traces a runner's steps, and `profile_breakdown` and
@@ -13,11 +13,11 @@ import time
 
 import jax
 
-from albert_jax.tools import step_breakdown
+from albert_jax.training import step_breakdown
 # Re-exported: the benchmarks' tests and callers use them from here.
-from albert_jax.tools.step_breakdown import classify  # noqa: F401  pylint: disable=unused-import
-from albert_jax.tools.step_breakdown import COMPONENTS  # noqa: F401  pylint: disable=unused-import
-from albert_jax.tools.step_breakdown import hlo_op_names  # noqa: F401  pylint: disable=unused-import
+from albert_jax.training.step_breakdown import classify  # noqa: F401  pylint: disable=unused-import
+from albert_jax.training.step_breakdown import COMPONENTS  # noqa: F401  pylint: disable=unused-import
+from albert_jax.training.step_breakdown import hlo_op_names  # noqa: F401  pylint: disable=unused-import
 
 
 def profile_breakdown(trace_dir: str, hlo_text: str, steps: int,

@@ -16,7 +16,7 @@ import pytest
 
 from albert_jax import config_check
 from albert_jax import storage
-from albert_jax.tools import step_breakdown
+from albert_jax.training import step_breakdown
 from albert_jax.training import profiling
 from albert_jax.training import pretrain
 

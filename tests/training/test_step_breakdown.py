@@ -4,7 +4,7 @@ traces.
 The GPU and TPU traces are small XSpace protos in tests/testdata/traces/
 (gpu.xplane.pb, tpu.xplane.pb), written by `gpu_space` and `tpu_space`
 below from the event tables `GPU_KERNELS`, `GPU_COPIES` and `TPU_OPS`
-(`PYTHONPATH=tests python tests/tools/test_step_breakdown.py` rewrites
+(`PYTHONPATH=tests python tests/training/test_step_breakdown.py` rewrites
 them; `test_fixtures_are_what_the_generators_write` checks they match). The
 XSpace message class is built at run time from the schema of
 tsl/profiler/protobuf/xplane.proto (`XPLANE_PROTO`, same field numbers:
@@ -28,7 +28,7 @@ from locations import EXPERIMENTS
 from locations import TESTDATA
 import pytest
 
-from albert_jax.tools import step_breakdown as sb
+from albert_jax.training import step_breakdown as sb
 
 TRACES = TESTDATA / "traces"
 
