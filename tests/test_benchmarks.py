@@ -10,6 +10,7 @@ its smallest flags in a subprocess.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -206,18 +207,28 @@ def test_train_step_script_prints_every_row_and_a_profile(tmp_path):
       "train_step.py", "--sizes", "tiny", "--seqs", "16", "--batch", "2",
       "--predictions", "2", "--steps", "1", "--warmup", "0",
       "--impls", "jax_adamw,hf_eager", "--unfix", "dense_vjp+gelu_jvp",
+      "--xla", "xla_cpu_use_fusion_emitters=false,xla_backend_optimization_level=1",
       "--threads", "1", "--fast_compile", "--profile", str(tmp_path / "trace"),
       "--profile_steps", "1", tmp_path=tmp_path)
   table = [l for l in stdout.splitlines() if l.startswith("| tiny | 16 | 2 |")]
   assert [l.split(" | ")[3] for l in table] == [
       "albert_jax AdamW", "albert_jax AdamW -dense_vjp-gelu_jvp",
-      "HF eager (sdpa)"]
-  assert table[2].endswith("| 1.00x | — |")  # HF eager against itself
+      "albert_jax AdamW xla_cpu_use_fusion_emitters=false,"
+      "xla_backend_optimization_level=1", "HF eager (sdpa)"]
+  # HF eager against itself, waiting on each step (blocking) and not.
+  assert re.search(r"\| 1\.00x \| — \| [\d.]+ \| — \|$", table[3])
   assert [r["impl"] for r in result["rows"]] == [
-      "jax_adamw", "jax_adamw-dense_vjp-gelu_jvp", "hf_eager"]
+      "jax_adamw", "jax_adamw-dense_vjp-gelu_jvp",
+      "jax_adamw xla_cpu_use_fusion_emitters=false,"
+      "xla_backend_optimization_level=1", "hf_eager"]
   for row in result["rows"]:
     assert row["step_seconds"] > 0 and row["sequences_per_second"] > 0
-  ours, before, hf_row = result["rows"]
+    assert len(row["pipelined"]) == 3 and row["pipelined_seconds"] > 0
+  ours, before, options, hf_row = result["rows"]
+  # The row's options on top of --fast_compile's, as compiled.
+  assert options["xla_options"] == {
+      **ours["xla_options"], "xla_cpu_use_fusion_emitters": False,
+      "xla_backend_optimization_level": 1}
   # The same step, before and after the library's changes.
   assert before["job_flops_per_step"] == ours["job_flops_per_step"]
   # The same job for both; HF's head decodes all 16 positions, not 2.
@@ -226,7 +237,8 @@ def test_train_step_script_prints_every_row_and_a_profile(tmp_path):
   assert hf_row["executed_flops_per_step"] > hf_row["job_flops_per_step"]
   assert "\nProfile: tiny seq 16 batch 2 albert_jax AdamW." in stdout
   assert "| FFN matmuls |" in stdout
-  profile, _ = result["profiles"]
+  profile = result["profiles"][0]  # one per albert_jax row
+  assert len(result["profiles"]) == 3
   assert profile["components"]["FFN matmuls"]["forward"] > 0
   assert profile["components"]["FFN matmuls"]["backward"] > 0
 

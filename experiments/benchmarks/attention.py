@@ -23,13 +23,20 @@ tokens. --mask none (default) passes no segment ids; --mask padded gives
 each row segment id 1 on a random 75-100% prefix and 0 after it, the
 padded-batch case of pre-training (cuDNN then takes a bias, the kernels
 their segment-id masking; the FLOP count stays that of the full T x T).
+--mask lengths gives the same rows with `right_padded=True`, the model's
+promise for right-padded single-segment rows: cuDNN then takes each row's
+length instead of a bias (the Pallas kernels and xla still read the ids).
 
 FLOPs (the usual convention, e.g. FlashAttention's benchmarks): forward
 4·B·H·T²·D (two T x T x D matmuls, 2 FLOPs a multiply-add); backward 2.5 x
 the forward (five matmuls against two), so forward + backward is 3.5 x.
 Softmax, masking and exponentials are not counted. TFLOP/s = FLOPs / the
-median wall time of --iters timed calls (each call blocks until ready),
-after --warmup untimed calls that include compilation.
+wall time per call of --iters calls issued back to back and waited for once
+(the median of 5 such rounds), after --warmup untimed calls that include
+compilation: the kernels' rate as a train step runs them, without a
+synchronisation after each call (which at seq 512 cost as much as the
+kernels: 2026-11-27's first H100 table, taken that way, gave cuDNN's
+forward 75 TFLOP/s where the train step's trace shows it at over 300).
 
 Each implementation's forward output is compared with xla's on the same
 inputs (max |difference|), as a check that the timed path computes the
@@ -78,17 +85,18 @@ def make_inputs(seed, batch, seq, heads, head_dim, dtype, mask):
   q, k, v, cotangent = (jnp.asarray(rng.normal(size=shape), dtype)
                         for _ in range(4))
   ids = None
-  if mask == "padded":
+  if mask in ("padded", "lengths"):
     lengths = rng.integers(int(0.75 * seq), seq + 1, size=batch)
     ids = jnp.asarray(np.arange(seq)[None] < lengths[:, None], jnp.int32)
   return q, k, v, cotangent, ids
 
 
-def build(impl, mode):
+def build(impl, mode, right_padded=False):
   """A jitted call of one implementation: forward, or forward + backward."""
   def forward(q, k, v, ids):
     return attention.dot_product_attention(q, k, v, segment_ids=ids,
-                                           impl=impl)
+                                           impl=impl,
+                                           right_padded=right_padded)
 
   if mode == "fwd":
     return jax.jit(lambda q, k, v, cotangent, ids: forward(q, k, v, ids))
@@ -100,15 +108,23 @@ def build(impl, mode):
   return jax.jit(forward_backward)
 
 
-def time_call(fn, args, warmup, iters):
-  """Median seconds of `iters` calls after `warmup` calls."""
+def time_call(fn, args, warmup, iters, rounds=5):
+  """Seconds per call: the median over `rounds` of `iters` calls issued back
+  to back and waited for once, after `warmup` calls.
+
+  Waiting on every call would add the host's dispatch and synchronisation
+  (tens of microseconds) to kernels that take about as long: the rates would
+  be those of the call, not of the kernels a train step runs back to back.
+  """
   for _ in range(warmup):
     jax.block_until_ready(fn(*args))
   times = []
-  for _ in range(iters):
+  for _ in range(rounds):
     start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
+    for _ in range(iters):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / iters)
   return statistics.median(times)
 
 
@@ -128,7 +144,7 @@ def bench_seq(seq, args, backend, notes):
         notes.setdefault(reason, None)
         row[impl] = None
         continue
-      fn = build(impl, mode)
+      fn = build(impl, mode, right_padded=args.mask == "lengths")
       try:
         seconds = time_call(fn, inputs, args.warmup, args.iters)
         out = fn(*inputs)
@@ -143,6 +159,8 @@ def bench_seq(seq, args, backend, notes):
       row[f"{impl}_ms"] = seconds * 1e3
       if mode == "fwd":
         out = np.asarray(out, np.float32)
+        if inputs[-1] is not None:  # padded queries' outputs are unused
+          out = out * np.asarray(inputs[-1] != 0)[:, :, None, None]
         if impl == "xla":
           reference = out
         row[f"{impl}_out"] = out
@@ -183,11 +201,11 @@ def main(argv=None):
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--dtype", default="bfloat16",
                       choices=["bfloat16", "float16", "float32"])
-  parser.add_argument("--mask", default="none", choices=["none", "padded"])
+  parser.add_argument("--mask", default="none", choices=["none", "padded", "lengths"])
   parser.add_argument("--impls", nargs="+", default=list(IMPLS),
                       choices=IMPLS)
   parser.add_argument("--iters", type=int, default=20,
-                      help="timed calls; the median is reported")
+                      help="calls per timed round (5 rounds, the median)")
   parser.add_argument("--warmup", type=int, default=3,
                       help="untimed calls first (the first compiles)")
   parser.add_argument("--json", default=None, help="also write results here")
@@ -223,7 +241,8 @@ def main(argv=None):
            if impl != "xla" and f"{impl}_max_diff" in r]
   print(f"heads {args.heads}, head_dim {args.head_dim}, {args.dtype}, mask "
         f"{args.mask}; FLOPs 4·B·H·T²·D forward, x3.5 forward+backward; "
-        f"median of {args.iters} calls after {args.warmup} warm-up; "
+        f"{args.iters} calls back to back a round, median of 5 rounds, "
+        f"after {args.warmup} warm-up; "
         f"{device.device_kind}; {datetime.date.today().isoformat()}.")
   if diffs:
     print("forward max |difference| from xla: " + ", ".join(diffs))

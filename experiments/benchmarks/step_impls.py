@@ -123,6 +123,7 @@ class JaxRunner:
     spec = run_spec.run_spec(config)
     self.model_config = spec.model_config
     tx, schedule = optim.make(config)
+    self.compiler_options = compiler_options
     self.mesh = sharding_lib.make_mesh(config.mesh)
     self.rules = sharding_lib.rules_for(
         self.mesh, [tuple(r) for r in config.sharding_rules])
@@ -150,10 +151,17 @@ class JaxRunner:
     self.first_seconds = time.perf_counter() - start
     self.metrics = None
 
-  def step(self):
+  def launch(self):
+    """Dispatches one step without waiting for it."""
     with jax.set_mesh(self.mesh):
       self.state, self.metrics = self.compiled(self.state, self.batch)
+
+  def sync(self):
     jax.block_until_ready((self.state, self.metrics))
+
+  def step(self):
+    self.launch()
+    self.sync()
 
   def loss(self) -> float:
     return float(self.metrics["loss"])
@@ -241,7 +249,8 @@ class HFRunner:
     self.step()
     self.first_seconds = time.perf_counter() - start
 
-  def step(self):
+  def launch(self):
+    """Queues one step's kernels; returns once Python has issued them."""
     torch = self.torch
     with torch.autocast(device_type=self.device, dtype=torch.bfloat16,
                         enabled=self.autocast):
@@ -252,8 +261,14 @@ class HFRunner:
     self.scheduler.step()
     self.optimizer.zero_grad(set_to_none=True)
     self.last_loss = out.loss.detach()
+
+  def sync(self):
     if self.device == "cuda":
-      torch.cuda.synchronize()
+      self.torch.cuda.synchronize()
+
+  def step(self):
+    self.launch()
+    self.sync()
 
   def loss(self) -> float:
     return float(self.last_loss)

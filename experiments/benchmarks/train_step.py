@@ -43,7 +43,11 @@ Timing: compile is excluded. Each implementation first runs `--warmup`
 steps; then the implementations take turns, one step each per round, for
 `--steps` rounds (a noisy neighbour slows them alike), and the table gives
 the median step. Every step ends in `jax.block_until_ready` /
-`torch.cuda.synchronize`. The "first s" column is albert_jax's lower +
+`torch.cuda.synchronize` ("step ms": the host's launch latency is in it).
+"pipelined ms" then runs `--steps` steps of one implementation back to back
+and waits once (3 rounds, the median): host work overlaps the device's, as
+in a training loop that does not wait on every step (albert_jax's trainer
+queues step n + 1 before it reads step n's flags). The "first s" column is albert_jax's lower +
 compile time (its state initialisation is in the JSON), and for torch the
 first step (torch.compile compiles there). "CPU s/step" is the process's
 CPU time per step, all threads together: on a busy machine it is steadier
@@ -107,18 +111,35 @@ import step_impls  # noqa: E402
 import step_profile  # noqa: E402
 
 
-def time_runners(runners: dict, warmup: int, steps: int) -> dict:
-  """Per-step wall and process-CPU seconds of each runner, taking turns."""
+def time_runners(runners: dict, warmup: int, steps: int,
+                 rounds: int = 3) -> dict:
+  """Per-step seconds of each runner, taking turns.
+
+  "wall" and "cpu": each step waited for before the next starts, one step
+  of each runner per round. "pipelined": `steps` steps of one runner
+  issued back to back and waited for once, per step, once per round for
+  `rounds` rounds: the host's work for a step (Python, dispatch, a CUDA
+  graph's update and launch) then overlaps the device's work for the step
+  before, as in the trainer, which queues step n + 1 before it reads step
+  n's guard flags.
+  """
   for runner in runners.values():
     for _ in range(warmup):
       runner.step()
-  times = {name: {"wall": [], "cpu": []} for name in runners}
+  times = {name: {"wall": [], "cpu": [], "pipelined": []} for name in runners}
   for _ in range(steps):
     for name, runner in runners.items():
       wall, cpu = time.perf_counter(), time.process_time()
       runner.step()
       times[name]["wall"].append(time.perf_counter() - wall)
       times[name]["cpu"].append(time.process_time() - cpu)
+  for _ in range(rounds):
+    for name, runner in runners.items():
+      wall = time.perf_counter()
+      for _ in range(steps):
+        runner.launch()
+      runner.sync()
+      times[name]["pipelined"].append((time.perf_counter() - wall) / steps)
   return times
 
 
@@ -128,11 +149,14 @@ def build_runners(args, size, seq, batch_np, dtype, device, notes):
   jax_rows = [(impl, impl.split("_")[1], "") for impl in args.impls
               if impl.startswith("jax_")]
   jax_rows += [(f"jax_adamw{spec}", "adamw", spec) for spec in args.variants]
-  for name, optimizer, spec in jax_rows:
-    runners[name] = JaxRunner(
-        size, seq, batch_np, optimizer, dtype, spec,
-        FAST_COMPILE_OPTIONS if args.fast_compile and device == "cpu"
-        else None)
+  base = (FAST_COMPILE_OPTIONS if args.fast_compile and device == "cpu"
+          else {})
+  rows = [(name, optimizer, spec, base) for name, optimizer, spec in jax_rows]
+  rows += [(f"jax_adamw {text}", "adamw", "", {**base, **options})
+           for text, options in args.xla]
+  for name, optimizer, spec, options in rows:
+    runners[name] = JaxRunner(size, seq, batch_np, optimizer, dtype, spec,
+                              options)
   hf_impls = [i for i in args.impls if i.startswith("hf_")]
   if not hf_impls:
     return runners
@@ -164,7 +188,11 @@ def build_runners(args, size, seq, batch_np, dtype, device, notes):
 
 
 def row_label(name: str, attn: str) -> str:
-  """"jax_adamw-gelu_jvp" → "albert_jax AdamW -gelu_jvp"."""
+  """"jax_adamw-gelu_jvp" → "albert_jax AdamW -gelu_jvp"; "jax_adamw
+  xla_x=1" → "albert_jax AdamW xla_x=1"."""
+  if " " in name:
+    impl, options = name.split(" ", 1)
+    return f"{LABELS[impl]} {options}"
   impl, spec = re.match(r"([^+-]+)(.*)", name).groups()
   if spec:
     return f"{LABELS[impl]} {spec}"
@@ -177,11 +205,13 @@ def summarise(rows: list[dict], predictions: int, peak: float | None,
   for row in rows:
     cfg = cfg_of(row["size"], row["seq"])
     step = statistics.median(row["wall"])
+    pipelined = statistics.median(row["pipelined"])
     job = step_impls.step_flops(cfg, row["batch"], row["seq"], predictions)
     executed = job if row["impl"].startswith("jax") else step_impls.step_flops(
         cfg, row["batch"], row["seq"], None)
     row.update(
         step_seconds=step, cpu_seconds=statistics.median(row["cpu"]),
+        pipelined_seconds=pipelined,
         sequences_per_second=row["batch"] / step,
         tokens_per_second=row["batch"] * row["seq"] / step,
         job_tflops=job / step / 1e12, executed_tflops=executed / step / 1e12,
@@ -194,15 +224,19 @@ def summarise(rows: list[dict], predictions: int, peak: float | None,
       row[f"vs_{ref}"] = (row["sequences_per_second"]
                           / match[0]["sequences_per_second"]
                           if match else None)
+      row[f"pipelined_vs_{ref}"] = (match[0]["pipelined_seconds"]
+                                    / row["pipelined_seconds"]
+                                    if match else None)
   return rows
 
 
 def print_table(rows: list[dict], file=sys.stdout):
   print("| size | seq | batch | implementation | step ms | seq/s | tokens/s "
         "| job TFLOP/s | exec TFLOP/s | MFU | first s | CPU s/step "
-        "| vs HF eager | vs HF compile |", file=file)
-  print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        file=file)
+        "| vs HF eager | vs HF compile | pipelined ms | pipelined vs HF "
+        "compile |", file=file)
+  print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+        "|---:|---:|", file=file)
   ratio = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
   for r in rows:
     mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
@@ -211,7 +245,24 @@ def print_table(rows: list[dict], file=sys.stdout):
           f"| {r['tokens_per_second']:,.0f} | {r['job_tflops']:.4f} | "
           f"{r['executed_tflops']:.4f} | {mfu} | {r['first_seconds']:.1f} | "
           f"{r['cpu_seconds']:.2f} | {ratio(r['vs_hf_eager'])} | "
-          f"{ratio(r['vs_hf_compile'])} |", file=file)
+          f"{ratio(r['vs_hf_compile'])} | "
+          f"{1e3 * r['pipelined_seconds']:,.1f} | "
+          f"{ratio(r['pipelined_vs_hf_compile'])} |", file=file)
+
+
+def parse_xla_options(text: str) -> dict:
+  """"a=false,b=,c=3" → {"a": False, "b": "", "c": 3}."""
+  options = {}
+  for item in text.split(","):
+    name, eq, value = item.partition("=")
+    if not eq or not name.startswith("xla_"):
+      raise ValueError(f"--xla {text!r}: each item is xla_NAME=VALUE.")
+    lowered = value.lower()
+    options[name] = ({"true": True, "false": False}.get(lowered)
+                     if lowered in ("true", "false")
+                     else int(value) if re.fullmatch(r"-?\d+", value)
+                     else value)
+  return options
 
 
 def parse_args(argv=None):
@@ -237,6 +288,11 @@ def parse_args(argv=None):
                  help="Extra albert_jax AdamW rows with candidate changes: "
                       f"each one of {','.join(step_fixes.FIXES)} or several "
                       "joined by '+'.")
+  p.add_argument("--xla", action="append", default=[], metavar="OPT=V,...",
+                 help="An extra albert_jax AdamW row compiled with these XLA "
+                      "options on top of the library's (e.g. "
+                      "xla_gpu_enable_triton_gemm=false; an empty value "
+                      "clears a list option); repeat for more rows.")
   p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
   p.add_argument("--threads", type=int, default=0,
                  help="CPU threads for JAX and torch alike (the process is "
@@ -268,6 +324,10 @@ def parse_args(argv=None):
             f"{tuple(step_fixes.UNFIXES)}, --fix from "
             f"{tuple(step_fixes.FIXES)}, --sizes from tiny, "
             f"{', '.join(config_lib.ALBERT_SIZES)}.")
+  try:
+    args.xla = [(text, parse_xla_options(text)) for text in args.xla]
+  except ValueError as e:
+    p.error(str(e))
   # Row suffixes in step_fixes.variant's form: "-a-b" reverts, "+a+b" adds.
   args.variants = (["-" + u.replace("+", "-") for u in args.unfix]
                    + ["+" + f for f in args.fix])
@@ -326,6 +386,7 @@ def main(argv=None):
                      "impl": name, "label": row_label(name, args.hf_attn),
                      "first_seconds": runner.first_seconds,
                      "init_seconds": getattr(runner, "init_seconds", None),
+                     "xla_options": getattr(runner, "compiler_options", None),
                      **times[name]})
       if args.profile:
         for name, runner in runners.items():
