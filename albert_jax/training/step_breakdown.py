@@ -18,7 +18,19 @@ platform the trace came from:
 An event is tied to its HLO instruction by its `hlo_op` stat, else by its
 name: an instruction's name, or the kernel name XLA:GPU gives a fusion (the
 instruction's name with "." and "-" turned into "_"), unless its
-`hlo_module` stat names another program. The instruction's
+`hlo_module` stat names another program. On GPU, a library kernel (cuBLAS,
+cuDNN, a Mosaic GPU kernel) has neither when XLA runs the step as a CUDA
+graph (its `hlo_op` is then the graph's, "command_buffer_1"): it is tied by
+order instead. A stream runs the entry computation's kernels in schedule
+order (the order of the HLO text), so such a kernel belongs to the first
+instruction after the last one tied that calls that library (a
+`custom-call` to cuBLAS, cuDNN or Mosaic GPU) and launches no kernel named
+after itself; the kernels of one cuDNN call (its backward runs three) follow
+each other and go to the same call. Kernels named after an instruction move
+that place only when they run once a step: XLA:GPU gives identical fusions
+one kernel, named after the first (an unrolled layer's fusions all run as
+layer 0's), so such a name says nothing of where in the step it ran. The
+instruction's
 `op_name` metadata (the JAX name stack: Flax module paths, `jvp(...)` for
 the forward pass, `transpose(jvp(...))` for the backward pass) gives its
 component and phase (`classify`). An event that ties to no instruction (a
@@ -84,8 +96,18 @@ OTHER = "optimizer, clipping, non-finite guard, metrics"
 LIBRARY_KERNELS = (
     ("attention (library kernel)", r"cudnn|fmha|sdpa|flash|mha"),
     ("GEMM (library kernel)", r"gemm|nvjet|cutlass|xmma|cublas"),
+    ("Pallas kernel (Mosaic GPU)", r"mosaic"),
     ("memcpy/memset", r"memcpy|memset"),
 )
+# Which custom calls launch which library's kernels: (library component,
+# custom_call_target pattern). A kernel tied to none by name is matched by
+# order to a call of its library (see the module docstring).
+_LIBRARY_CALLS = (
+    ("attention (library kernel)", r"cudnn"),
+    ("GEMM (library kernel)", r"cublas|gemm"),
+    ("Pallas kernel (Mosaic GPU)", r"mosaic"),
+)
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 OTHER_KERNELS = "other kernels (library, or not in this HLO)"
 PHASES = ("forward", "backward", "other", "unknown")
 # Control flow whose thunk runs others on CPU: its children are counted, on
@@ -173,6 +195,10 @@ class _Program(typing.NamedTuple):
   instructions: dict[str, _Instruction]
   sanitised: dict[str, str]  # XLA:GPU's kernel name → instruction
   module: str | None  # the `hlo_module` its events carry
+  # The entry computation's instructions in schedule order, and of those
+  # the library calls: name → the library component of their kernels.
+  schedule: list[str]
+  library_calls: dict[str, str]
 
 
 def _instructions(hlo_text: str) -> dict[str, _Instruction]:
@@ -186,13 +212,72 @@ def _instructions(hlo_text: str) -> dict[str, _Instruction]:
   return found
 
 
+def _entry_schedule(hlo_text: str) -> list[str]:
+  """The ENTRY computation's instruction names, in the text's order: a
+  scheduled module prints them in the order they run."""
+  entry = re.search(r"^ENTRY [^\n]*\n(.*?)^\}", hlo_text, re.M | re.S)
+  if entry is None:
+    return []
+  return [m.group(1) for m in _INSTRUCTION.finditer(entry.group(1))]
+
+
 def _program(hlo_text: str) -> _Program:
   instructions = _instructions(hlo_text)
   sanitised = {}
   for name in instructions:
     sanitised.setdefault(name.replace(".", "_").replace("-", "_"), name)
   module = re.search(r"^HloModule ([\w.\-]+)", hlo_text, re.M)
-  return _Program(instructions, sanitised, module and module.group(1))
+  schedule = _entry_schedule(hlo_text)
+  library_calls = {}
+  for name in schedule:
+    target = _TARGET.search(instructions[name].text)
+    if instructions[name].opcode == "custom-call" and target:
+      for component, pattern in _LIBRARY_CALLS:
+        if re.search(pattern, target.group(1), re.I):
+          library_calls[name] = component
+          break
+  return _Program(instructions, sanitised, module and module.group(1),
+                  schedule, library_calls)
+
+
+class _Order:
+  """Ties a line's library kernels that name no instruction to the library
+  calls of the schedule, by order (see the module docstring)."""
+
+  def __init__(self, program: _Program, named: set[str],
+               anchors: set[str]):
+    self.program = program
+    # Instructions whose kernel runs once a step: where it ran is known.
+    self.index = {n: i for i, n in enumerate(program.schedule)
+                  if n in anchors}
+    # Calls that launch kernels named after themselves are not candidates.
+    self.calls = [(i, n, program.library_calls[n])
+                  for i, n in enumerate(program.schedule)
+                  if n in program.library_calls and n not in named]
+    self.position = 0  # schedule index after the last instruction tied
+    self.last: tuple[str, str] | None = None  # (component, call) just tied
+
+  def named(self, name: str) -> None:
+    """An event tied to `name` by its name or `hlo_op`."""
+    self.last = None
+    if name in self.index:
+      self.position = self.index[name] + 1
+
+  def library(self, symbol: str) -> str | None:
+    """The call a library kernel `symbol` belongs to, or None."""
+    component = library_component(symbol)
+    if component == "memcpy/memset":
+      return None  # inside a call (a workspace's zeroing): the chain holds
+    if self.last is not None and self.last[0] == component and (
+        component == "attention (library kernel)"):
+      return self.last[1]  # the next kernel of the same cuDNN call
+    after = [c for c in self.calls if c[0] >= self.position]
+    for i, name, kind in after + self.calls:  # wrapping into the next step
+      if kind == component:
+        self.position, self.last = i + 1, (component, name)
+        return name
+    self.last = None
+    return None
 
 
 def hlo_op_names(hlo_text: str) -> dict[str, str]:
@@ -317,23 +402,36 @@ def _shares(spans: list[tuple[float, float, str]]) -> dict[str, float]:
   return out
 
 
-def _label(event, platform: str, program: _Program):
+def _named(event, program: _Program) -> str | None:
+  """The instruction an event names by its `hlo_op` or its own name."""
+  stats = dict(event.stats)
+  inst = program.instructions
+  # Another program's instruction may share a name ("copy.1").
+  if program.module not in (None, stats.get("hlo_module", program.module)):
+    return None
+  return next((n for n in (stats.get("hlo_op"), event.name,
+                           program.sanitised.get(event.name)) if n in inst),
+              None)
+
+
+def _label(event, platform: str, program: _Program,
+           order: _Order | None = None):
   """(name, phase, component, HLO line) an event counts under; None for one
   not counted (on CPU: host work, a loop whose body's thunks count)."""
-  stats = dict(event.stats)
-  hlo_op, inst = stats.get("hlo_op"), program.instructions
-  name = None
-  # Another program's instruction may share a name ("copy.1").
-  if program.module in (None, stats.get("hlo_module", program.module)):
-    name = next((n for n in (hlo_op, event.name,
-                             program.sanitised.get(event.name)) if n in inst),
-                None)
+  inst = program.instructions
+  name = _named(event, program)
+  if order is not None:
+    if name is not None:
+      order.named(name)
+    else:
+      name = order.library(event.name)
   if name is not None:
     if platform == "cpu" and inst[name].opcode in _CONTAINERS:
       return None
     return name, *classify(name, inst[name].op_name), inst[name].text
   if platform == "cpu" and (
-      hlo_op is None or event.name.split(".")[0] in _CONTAINERS):
+      dict(event.stats).get("hlo_op") is None
+      or event.name.split(".")[0] in _CONTAINERS):
     return None
   return event.name, "unknown", library_component(event.name), ""
 
@@ -364,15 +462,25 @@ def breakdown(trace: str, hlo_text: str, steps: int, top: int = 10,
   streams = collections.Counter()
   spans_of = collections.defaultdict(list)
   keyed_of = collections.defaultdict(list)  # device → (start, end, component)
+  named, runs = set(), {}
+  if platform == "gpu":
+    for device, line in lines:
+      runs[device, line.name] = collections.Counter(
+          n for e in line.events if (n := _named(e, program)) is not None)
+      named.update(runs[device, line.name])
   for device, line in lines:
-    events = list(line.events)
+    events = sorted(line.events, key=lambda e: e.start_ns)
+    order = None
+    if platform == "gpu":
+      order = _Order(program, named, {
+          n for n, k in runs[device, line.name].items() if k == steps})
     spans = [(e.start_ns, e.start_ns + e.duration_ns) for e in events]
     # Host threads run a loop's body thunks on other threads than its
     # `while` thunk: nesting on one line says nothing there.
     own = (_self_times(spans) if platform != "cpu"
            else [e.duration_ns for e in events])
     for event, span, ns in zip(events, spans, own):
-      label = _label(event, platform, program)
+      label = _label(event, platform, program, order)
       if label is None:
         continue
       name, phase, component, _ = label
