@@ -278,7 +278,8 @@ def _gpu_auto(q, k, v, causal: bool, segments: bool, right_padded: bool,
     return "cudnn", cudnn_reason
   if cudnn_reason:
     return "pallas", None
-  cudnn_mask = "padded" if segments and not right_padded else "none"
+  cudnn_mask = ("none" if not segments else "lengths" if right_padded
+                else "padded")
   return hopper_rates.faster(q.shape[1], "padded" if segments else "none",
                              cudnn_mask, training), None
 

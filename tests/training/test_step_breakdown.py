@@ -12,7 +12,8 @@ tsl/profiler/protobuf/xplane.proto (`XPLANE_PROTO`, same field numbers:
 TensorFlow. Both traces are of one program, `HLO`, and the expected values
 are worked out by hand from the tables, in microseconds (µs), in comments.
 The CPU trace is recorded by the test itself. A real GPU trace is there too:
-one ALBERT-large step recorded on an H100 (h100_large_step.*.gz, see
+one ALBERT-large step recorded on an H100 (h100_large_step.xplane.pb.gz
+with ../h100_step_large_seq512_b32.hlo.gz, see
 `test_a_recorded_h100_step_ties_every_library_kernel_to_its_call`).
 """
 
@@ -386,7 +387,7 @@ def _h100_step(tmp_path):
   trace.write_bytes(gzip.decompress(
       (TRACES / "h100_large_step.xplane.pb.gz").read_bytes()))
   hlo = gzip.decompress(
-      (TRACES / "h100_large_step.hlo.txt.gz").read_bytes()).decode()
+      (TESTDATA / "h100_step_large_seq512_b32.hlo.gz").read_bytes()).decode()
   return str(trace), hlo
 
 
