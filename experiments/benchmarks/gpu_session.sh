@@ -48,12 +48,15 @@ step() {  # step SECONDS NAME COMMAND...: run it, log it, never stop the rest
 
 step 40 "jax sees the GPU" python3 -c \
   "import jax; print(jax.__version__, jax.devices()); import ml_collections"
-# The step as the library compiles it, beside a row with XLA's Triton GEMM
-# fusions off and torch.compile; both timings (blocking, pipelined); one
-# profiled step of each albert_jax row.
+# The step as the library compiles it, beside a row without CUDA graphs
+# (the 2026-11-27 trace spent 5.7 ms updating and launching the step's
+# graph before its first kernel, and steps back to back still ran 4.6 ms
+# longer than their kernels) and torch.compile; both timings (blocking,
+# pipelined); one profiled step of each albert_jax row. (XLA's Triton GEMMs
+# off made no difference there: 77.3 against 77.4 ms pipelined.)
 step 230 "train step large/512/b32" python3 experiments/benchmarks/train_step.py \
   --device gpu --sizes large --seqs 512 --batch 32 --dtype bfloat16 \
-  --impls jax_adamw,hf_compile --xla xla_gpu_enable_triton_gemm=false \
+  --impls jax_adamw,hf_compile --xla xla_gpu_enable_command_buffer= \
   --steps 10 --warmup 3 --profile /tmp/profile --profile_steps 1 \
   --json "$out/train_large.json"
 # A small step's trace and HLO: the step breakdown's GPU fixture.
