@@ -220,8 +220,10 @@ def _main(argv):
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
   workdir = storage.as_str(_WORKDIR.value)  # gs://… or an absolute path
   job = config.get("job", "pretrain")
-  from albert_jax import config_check  # pylint: disable=g-import-not-at-top
-  config_check.check(config)  # with the demo's fine-tuning stage, if any
+  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import config_check  # pylint: disable=g-import-not-at-top
+  # With the demo's fine-tuning stage, if any, and its task's name.
+  config_check.check(config, registry.task_names())
   if job == "pretrain":
     from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
     result = pretrain.run(config, workdir)

@@ -36,7 +36,7 @@ from training.test_checkpoints import abstract_state  # pylint: disable=g-bad-im
 from training.test_checkpoints import random_state
 from training.test_checkpoints import tiny_config
 
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.data import prepare as prep
@@ -204,7 +204,7 @@ TASK_CHOICES = (
 def test_misspelt_finetuning_names_are_refused_with_the_closest():
   """config.data.task, task_type and v2_head are checked at start, and the
   registry checks a task name wherever a task is made."""
-  from albert_jax import config_check  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import config_check  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError) as e:
     registry.make_task("ner/file", {})
@@ -219,7 +219,7 @@ def test_misspelt_finetuning_names_are_refused_with_the_closest():
   classify.data.task = "GLUE/SST-2"
   classify.data.task_type = "regresion"
   with pytest.raises(config_check.ConfigError) as e:
-    config_check.check(classify)
+    config_check.check(classify, registry.task_names())
   assert str(e.value) == (
       "config.data.task_type='regresion' must be one of ('classification', "
       "'regression') (did you mean 'regression'?), e.g. "

@@ -1,4 +1,5 @@
-"""The package's shape: stages as folders, no import cycles, no shims.
+"""The package's shape: stages as folders in data-flow order, each importing
+only the stages before it; no import cycles, no shims.
 
 Read statically (ast), so function-level imports count too: a cycle hidden
 behind a lazy import is still a cycle.
@@ -126,3 +127,54 @@ def test_no_name_is_imported_through_a_shim():
             and alias.name not in own):
           shims.append(f"{user}: {node.module}.{alias.name}")
   assert not shims, "\n".join(shims)
+
+
+# The stages in the order data flows through them, upstream first: a module
+# may import its own stage and the stages before it, never one after
+# (lazy, function-level imports included). The shared helpers come first;
+# config_lib assembles every stage's defaults into presets, so it sits above
+# the stages; the command lines (main, predict) and the package's public
+# API ("": albert_jax/__init__.py) last.
+STAGES = (("storage", "tree", "sharding"), ("text",), ("data",), ("ops",),
+          ("model",), ("training",), ("interop",), ("finetune",),
+          ("config_lib",), ("tools",), ("main", "predict"), ("",))
+
+
+def _stage(module: str) -> int | None:
+  """The index in STAGES of a package module's stage (None: in none)."""
+  parts = module.split(".")
+  name = parts[1] if len(parts) > 1 else ""
+  return next((i for i, names in enumerate(STAGES) if name in names), None)
+
+
+def _upstream_imports(modules) -> tuple[list[str], list[str]]:
+  """(imports of a later stage, modules in no stage)."""
+  upstream, unplaced = [], []
+  for name, tree in modules.items():
+    mine = _stage(name)
+    if mine is None:
+      unplaced.append(name)
+      continue
+    for target in sorted(_edges(name, tree, modules)):
+      theirs = _stage(target)
+      if theirs is not None and theirs > mine:
+        upstream.append(f"{name} imports {target}")
+  return upstream, unplaced
+
+
+def test_stages_import_only_downstream():
+  upstream, unplaced = _upstream_imports(_modules())
+  assert not unplaced, f"place these in STAGES: {unplaced}"
+  assert not upstream, "\n".join(upstream)
+
+
+def test_an_upstream_import_is_caught():
+  modules = {
+      "albert_jax.text.tokenizer": ast.parse(
+          "def f():\n  from albert_jax.data import loader\n"),
+      "albert_jax.data.loader": ast.parse("import albert_jax.text.tokenizer\n"),
+      "albert_jax.widgets": ast.parse(""),
+  }
+  assert _upstream_imports(modules) == (
+      ["albert_jax.text.tokenizer imports albert_jax.data.loader"],
+      ["albert_jax.widgets"])

@@ -14,7 +14,7 @@ import logging
 import os
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking as masking_lib
 from albert_jax.data import prepare as prepare_lib

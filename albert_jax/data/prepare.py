@@ -57,7 +57,7 @@ import time
 from typing import Iterator, Mapping, Sequence, TextIO
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import shards
 from albert_jax.data import units as units_lib

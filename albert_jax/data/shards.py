@@ -28,7 +28,7 @@ import time
 from typing import Iterator, TextIO
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 
 SPLITS = ("train", "eval")

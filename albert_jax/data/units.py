@@ -26,7 +26,7 @@ import os
 from typing import Any, Sequence
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 
 log = logging.getLogger(__name__)

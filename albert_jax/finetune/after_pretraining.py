@@ -16,9 +16,9 @@ from albert_jax.finetune import data_files
 from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune.run import run
 from albert_jax.text import run_tokenizer
+from albert_jax.training import config_check
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
-from albert_jax.training import optimizer as optim
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def run_after_pretraining(config, pretrain_workdir: str,
   "probability"} (or {"text", "score"} for regression) per text.
   """
   config = config.copy_and_resolve_references()
-  optim.check(config)
+  config_check.check(config)
   workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
                       / (RANDOM_INIT_DIR if random_init else "finetune"))
   storage.refuse_links_out(workdir)

@@ -122,6 +122,10 @@ class ChoiceFilesTask(Task):
     return Split(name=split, features=features,
                  has_labels=bool(records) and records[0]["label"] >= 0)
 
+  def batch_features(self, max_seq_length: int):
+    """INPUT_KEYS [C, T], C the files' number of endings, and "label"."""
+    return race.choice_features(self.num_choices, max_seq_length)
+
   def head(self, model_config):
     return race.MultipleChoiceHead(model_config)
 

@@ -79,6 +79,11 @@ class SingleLabelTask(task_lib.Task):
   num_labels: int = 2
   regression: bool = False
 
+  def batch_features(self, max_seq_length: int):
+    """INPUT_KEYS [T] and "labels" [] (float32 for regression)."""
+    return {**super().batch_features(max_seq_length),
+            "labels": ((), np.float32 if self.regression else np.int32)}
+
   def head(self, model_config: ModelConfig) -> nn.Module:
     return ClassifierHead(model_config,
                           1 if self.regression else self.num_labels)

@@ -52,18 +52,18 @@ from albert_jax.finetune import batching
 from albert_jax.finetune import classification
 from albert_jax.finetune import predict_tasks
 from albert_jax.finetune import race
+from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune import tagging
 from albert_jax.finetune.predict_tasks import PredictError
 from albert_jax.finetune.squad import head as squad_head
 from albert_jax.finetune.squad import task as squad_task
-from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import INPUT_KEYS
+from albert_jax.interop.workdir import TASK_FILE
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-TASK_FILE = "task.json"
 TOKENIZER_DIR = "tokenizer"
 RUN_CONFIG_FILE = "config.json"  # the run's config (`loop.record_config`)
 TASK_TYPES = ("classification", "regression", "multiple_choice",
@@ -89,11 +89,6 @@ def record(workdir: str, task, model_config: ModelConfig, tokenizer,
       {"task": task.name, **info, "max_seq_length": int(max_seq_length),
        "lm_head": bool(lm_head), "model": model_config.to_dict()},
       indent=2))
-
-
-def is_finetune_workdir(path: str) -> bool:
-  """Whether `path` holds a fine-tuning run's `task.json`."""
-  return storage.path(os.fspath(path)).joinpath(TASK_FILE).is_file()
 
 
 def task_info_problem(info: dict, cfg: ModelConfig) -> str | None:
@@ -151,14 +146,17 @@ def head_for(info: dict, cfg: ModelConfig):
                      f"version of albert_jax predicts {TASK_TYPES}.")
 
 
-def _example_batch(info: dict) -> dict[str, np.ndarray]:
-  """One row of zeros of the task's input shapes (for the params' shapes)."""
+def spec_from_record(info: dict, cfg: ModelConfig) -> spec_lib.FineTuneSpec:
+  """The fine-tuned model `info` (a `task.json`) describes, on encoder
+  `cfg`: its head, and the model inputs of one row (a multiple-choice row
+  with 2 choices: the parameters do not depend on how many)."""
   t = info["max_seq_length"]
-  shape = (1, 2, t) if info["task_type"] == "multiple_choice" else (1, t)
-  batch = {k: np.zeros(shape, np.int32) for k in INPUT_KEYS}
+  shape = (2, t) if info["task_type"] == "multiple_choice" else (t,)
+  features = {k: (shape, np.int32) for k in INPUT_KEYS}
   if info["task_type"] == "question_answering":
-    batch["p_mask"] = np.zeros(shape, bool)
-  return batch
+    features["p_mask"] = (shape, np.bool_)
+  return spec_lib.FineTuneSpec(cfg, head_for(info, cfg),
+                               bool(info.get("lm_head", False)), features)
 
 
 def best_step(path: str) -> int:
@@ -240,12 +238,7 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
         f"{path}/{TOKENIZER_DIR} has {tokenizer.vocab_size} pieces but the "
         f"model embeds {cfg.vocab_size}: it is not the vocabulary this run "
         f"featurized with; restore the run's own {TOKENIZER_DIR}/.")
-  module = FineTuneModel(cfg, head_for(info, cfg),
-                         lm_head=info.get("lm_head", False))
-  abstract = _unbox(jax.eval_shape(
-      lambda batch: module.init(jax.random.key(0), batch,
-                                deterministic=True),
-      _example_batch(info)))["params"]
+  abstract = spec_from_record(info, cfg).abstract_params()
   try:
     wanted = best_step(path) if step == "best" else step
     params, restored = checkpoints.restore_params(path, abstract,
@@ -357,10 +350,8 @@ class FineTuned:
   def __post_init__(self):
     self.params = _unbox(self.params)
     self.labels = None if self.labels is None else tuple(self.labels)
-    self.module = FineTuneModel(self.model_config,
-                                head_for(self.settings, self.model_config),
-                                lm_head=self.settings.get("lm_head", False))
-    module = self.module
+    spec = spec_from_record(self.settings, self.model_config)
+    self.module = module = spec.model
     apply = lambda p, b: module.apply({"params": p}, b,  # noqa: E731
                                       deterministic=True)
     self.mesh, self.rules = prediction_mesh(self.mesh_axes,
@@ -370,10 +361,7 @@ class FineTuned:
       self._apply = jax.jit(apply)
       return
     # The parameters' logical axes, which their boxes carry.
-    boxed = jax.eval_shape(
-        lambda batch: module.init(jax.random.key(0), batch,
-                                  deterministic=True),
-        _example_batch(self.settings))["params"]
+    boxed = spec.abstract_boxed_params()
     shardings = sharding_lib.logical_shardings(boxed, self.mesh, self.rules)
     self.params = jax.device_put(self.params, shardings)
     self._data_sharding = sharding_lib.data_sharding(self.mesh)
@@ -442,13 +430,13 @@ class FineTuned:
   def to_hf(self, path: str, model_type: str | None = None) -> None:
     """Writes a transformers task checkpoint (`{Family}For{Task}`, e.g.
     AlbertForSequenceClassification) with id2label / label2id; see
-    `albert_jax.finetune.hf_export`.
+    `albert_jax.interop.hf_task_heads`.
 
     Raises:
       ValueError: the head or family has no transformers class.
     """
-    from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
-    hf_export.to_hf(self, path, model_type)
+    from albert_jax.interop import hf_task_heads  # pylint: disable=g-import-not-at-top
+    hf_task_heads.to_hf(self, path, model_type)
 
   def predict(self, inputs, batch_size: int = 32, **options):
     """Predictions on raw inputs (see the module docstring for each type).

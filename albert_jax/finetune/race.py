@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
+from albert_jax.finetune.task import INPUT_KEYS
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.model import layers
@@ -100,6 +101,14 @@ def qa_text(question: str, option: str) -> str:
   if "_" in question:
     return question.replace("_", option)
   return " ".join([question, option])
+
+
+def choice_features(num_choices: int, max_seq_length: int):
+  """A multiple-choice row's features (`Task.batch_features`): INPUT_KEYS
+  [C, T] int32 and "label" [] int32."""
+  shape = (num_choices, max_seq_length)
+  return {**{k: (shape, np.int32) for k in INPUT_KEYS},
+          "label": ((), np.int32)}
 
 
 def featurize(records: list[dict], tokenizer, max_seq_length: int,
@@ -200,6 +209,9 @@ class RaceTask(Task):
                 "levels": np.asarray([r["level"] for r in records]),
                 "labels": features["label"]}
     return Split(name=split, features=features, examples=examples)
+
+  def batch_features(self, max_seq_length: int):
+    return choice_features(NUM_CHOICES, max_seq_length)
 
   def head(self, model_config):
     return MultipleChoiceHead(model_config)

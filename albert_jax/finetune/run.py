@@ -38,14 +38,14 @@ from albert_jax.finetune import batching
 from albert_jax.finetune.data_files import check_data
 from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune import registry
+from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune import start as start_lib
-from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.finetune.task import TaskObjective
-from albert_jax.model import flops as flops_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import checkpoints
+from albert_jax.training import config_check
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
@@ -97,6 +97,7 @@ class _Setup:
   seq_len: int
   train_split: Split
   eval_splits: list[Split]
+  spec: spec_lib.FineTuneSpec  # the model trained, built once
 
   @property
   def best_key(self) -> str:
@@ -120,7 +121,9 @@ def run(config, workdir: str,
   here).
   """
   started_at = time.time()  # goodput counts the start-up from here
-  optim.check(config)
+  # The same checks as a pre-training run's (the task's name is the
+  # registry's to check, when the task is made; the CLI checks it first).
+  config_check.check(config)
   profiling.check_can_trace(
       profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)
@@ -185,22 +188,18 @@ def _setup(config) -> _Setup:
   log.info("%s: %d training rows; eval %s.", task.name, train_split.num_rows,
            ", ".join(f"{s.name} {s.num_rows}" for s in eval_splits))
   return _Setup(task, model_config, encoder, tokenizer, lm_weight, seq_len,
-                train_split, eval_splits)
+                train_split, eval_splits,
+                spec_lib.for_task(task, model_config, seq_len,
+                                  lm_head=lm_weight > 0))
 
 
 def _start_state(config, workdir: str, setup: _Setup, mesh, rules):
   """(objective, tx, schedule, `loop.StartState`): the model with the task's
   head, its optimizer and the train state, restored from the workdir's
   newest checkpoint, else fresh with the pre-trained encoder placed in."""
-  model = FineTuneModel(setup.model_config,
-                        setup.task.head(setup.model_config),
-                        lm_head=setup.lm_weight > 0)
-  objective = TaskObjective(model, setup.task, setup.lm_weight)
+  objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
   tx, schedule = optim.make(config)
-  example = {k: v[:1] for k, v in setup.train_split.features.items()}
-  example["weights"] = np.ones(1, np.float32)
-  init = state_lib.state_init_fn(
-      lambda r: model.init(r, example, deterministic=True)["params"], tx)
+  init = state_lib.state_init_fn(setup.spec.init_params, tx)
   encoder = setup.encoder
   required = ("lm",) if setup.lm_weight > 0 else ()
   start = loop.restore_or_create(
@@ -256,17 +255,13 @@ def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
   train_batches = batching.ArrayBatches(
       setup.train_split.features, config.batch_size, sharding=data_sharding,
       seed=config.seed)
-  seq_shape = setup.train_split.features["input_ids"].shape[1:]
-  flops_per_step = flops_lib.training_flops_per_step(
-      setup.model_config, config.batch_size * int(np.prod(seq_shape[:-1])),
-      seq_shape[-1], 0, heads=("lm",) if setup.lm_weight > 0 else ())
   return loop.fit(
       config, state=start.state, train_step=train, mngr=start.mngr,
       workdir=workdir, batches=train_batches.iterate(
           start_step, max(config.num_train_steps - start_step, 0)),
       start_step=start_step, resumed=start.resumed, evaluate=evaluate,
-      flops_per_step=flops_per_step, tokens_per_sequence=int(
-          np.prod(seq_shape)),
+      flops_per_step=setup.spec.flops_per_step(config.batch_size),
+      tokens_per_sequence=setup.spec.tokens_per_row,
       param_paths=list(tree_lib.flatten(start.state["params"])),
       best_key=setup.best_key, lease=lease, started_at=started_at)
 

@@ -299,6 +299,12 @@ class TaggingTask(Task):
     return Split(name=split, features=features,
                  examples=Sentences(words, tags, first))
 
+  def batch_features(self, max_seq_length: int):
+    """INPUT_KEYS and "labels" [T] int32 (a word's tag on its first
+    sub-word, -1 elsewhere)."""
+    return {**super().batch_features(max_seq_length),
+            "labels": ((max_seq_length,), np.int32)}
+
   def head(self, model_config):
     if self.labels is None:
       raise ValueError("The conll2003 tag names come with its data; load a "

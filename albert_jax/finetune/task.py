@@ -19,8 +19,8 @@ Conventions every task follows:
 
 `TaskObjective` makes a task the train step's objective. GPT-1 (Radford et
 al. 2018, sec. 3.2) fine-tunes a causal model on the task loss plus λ × its
-next-token loss on the task's own input text: `FineTuneModel(lm_head=True)`
-keeps the pre-trained tied "lm" head for that, `lm_aux_sums` is that loss in
+next-token loss on the task's own input text: `FineTuneModel` with
+`lm_head=True` keeps the pre-trained tied "lm" head for that, `lm_aux_sums` is that loss in
 sum form, and `TaskObjective(..., lm_aux_weight=λ)` adds it.
 """
 
@@ -84,6 +84,15 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def load(self, split: str, tokenizer, max_seq_length: int) -> Split:
     """Reads and featurizes one split."""
+
+  def batch_features(self, max_seq_length: int
+                     ) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The features the head, `loss_sums` and `predict` read: name →
+    (shape of one row, dtype), each as `load` gives it (which may give
+    more, e.g. what `evaluate` maps predictions back with). A fine-tuning
+    spec's batch schema and initial parameters are built from these
+    (`albert_jax.finetune.spec`). This default: INPUT_KEYS [T] int32."""
+    return {k: ((max_seq_length,), np.int32) for k in INPUT_KEYS}
 
   @abc.abstractmethod
   def head(self, model_config: ModelConfig) -> nn.Module:
@@ -230,7 +239,7 @@ class TaskObjective:
     if lm_aux_weight > 0 and not model.lm_head:
       raise ValueError(
           "lm_aux_weight > 0 needs the model's next-token head; build it "
-          "with FineTuneModel(..., lm_head=True).")
+          "with lm_head=True (`finetune.spec.for_task(..., lm_head=True)`).")
     self.model, self.task = model, task
     self.lm_aux_weight = float(lm_aux_weight)
 

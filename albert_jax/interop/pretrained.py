@@ -1,14 +1,17 @@
-"""`load_pretrained`: one call from a checkpoint directory to a usable model.
+"""`load_pretrained`: a pre-trained encoder from a checkpoint directory.
 
 It reads an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
 ELECTRA), a google-research/albert TF1 release or an albert_jax training
 workdir into a `Pretrained` (config, parameters, tokenizer and a forward
-call, with `fill_mask` and `embed`), and a fine-tuning workdir or a
-transformers task checkpoint into an
-`albert_jax.finetune.predict.FineTuned`; `albert_jax.interop.sources` tells
-the kinds apart and reads each, and `albert_jax.interop.text_inputs` encodes
+call, with `fill_mask` and `embed`); `albert_jax.interop.sources` tells the
+kinds apart and reads each, and `albert_jax.interop.text_inputs` encodes
 text for `fill_mask` and `embed`. `Pretrained.to_hf` writes any of the HF
 layouts back. Directories are local (`~` expanded) or `gs://BUCKET/...`.
+
+A fine-tuned model (a fine-tuning workdir, a transformers task checkpoint)
+is refused here with a pointer to `albert_jax.load_pretrained`
+(`albert_jax.finetune.loading`), which reads every kind and returns those
+with their task heads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
+from albert_jax.interop import CheckpointError
 from albert_jax.interop import child
 from albert_jax.interop import hf
 from albert_jax.interop import hf_config as hf_config_lib
@@ -360,20 +364,17 @@ def _to_config_dict(cfg: ModelConfig):
 
 
 def load_pretrained(path: str, step: int | str | None = None,
-                    **overrides):
-  """Loads a checkpoint directory.
+                    **overrides) -> "Pretrained":
+  """Loads a pre-trained encoder's checkpoint directory.
 
   Args:
     path: an HF `save_pretrained` directory (ALBERT, BERT, RoBERTa or
-      ELECTRA), a google-research/albert TF release directory, an
-      albert_jax training workdir (its config.json and checkpoints/) or an
-      albert_jax fine-tuning workdir; local (`~` expanded) or
-      gs://BUCKET/PATH.
+      ELECTRA), a google-research/albert TF release directory or an
+      albert_jax training workdir (its config.json and checkpoints/); local
+      (`~` expanded) or gs://BUCKET/PATH.
     step: for a workdir, the checkpoint step to read (default: the newest
-      readable one; a fine-tuning workdir also takes "best", its run's best
-      checkpoint by the task's metric); for a TF release, read
-      `model.ckpt-{step}` (default: the only checkpoint, else
-      `model.ckpt-best`, else the newest).
+      readable one); for a TF release, read `model.ckpt-{step}` (default:
+      the only checkpoint, else `model.ckpt-best`, else the newest).
     **overrides: ModelConfig fields to change, e.g. dtype="bfloat16" or
       attention_impl="xla"; shape-defining fields must match the weights.
       One more keyword applies to ELECTRA training workdirs only:
@@ -384,21 +385,29 @@ def load_pretrained(path: str, step: int | str | None = None,
       ELECTRA directory holds one part already and takes no electra_part.
 
   Returns:
-    A `Pretrained`, or for a fine-tuning workdir a
-    `albert_jax.finetune.predict.FineTuned`. Heads the checkpoint lacks are
-    listed in `.missing` and logged; they are never initialised randomly
-    behind the user's back.
+    A `Pretrained`. Heads the checkpoint lacks are listed in `.missing`
+    and logged; they are never initialised randomly behind the user's back.
 
   Raises:
-    CheckpointError: not a checkpoint directory, an unsupported model type,
-      unreadable weights, a workdir without checkpoints, a config whose
-      shapes differ from the weights' (the message lists the mismatched
-      tensors), or electra_part for anything but an ELECTRA workdir.
+    CheckpointError: not a checkpoint directory, a fine-tuned model (use
+      `albert_jax.load_pretrained`), an unsupported model type, unreadable
+      weights, a workdir without checkpoints, a config whose shapes differ
+      from the weights' (the message lists the mismatched tensors), or
+      electra_part for anything but an ELECTRA workdir.
   """
   path = os.fspath(path)
   loaded = sources.load(path, step, overrides)
-  if not isinstance(loaded, dict):  # A fine-tuned model, with its task head.
-    return loaded
+  if isinstance(loaded, sources.TaskCheckpoint):
+    raise CheckpointError(
+        f"{path} is a transformers task checkpoint (a fine-tuned "
+        f"{loaded.fields['task_type']} head): load it with "
+        "albert_jax.load_pretrained, which returns the model with its head.")
+  return from_fields(path, loaded)
+
+
+def from_fields(path: str, loaded: dict[str, Any]) -> "Pretrained":
+  """A `Pretrained` from `sources.load`'s fields for `path` (its missing
+  heads logged)."""
   if loaded["missing"]:
     log.warning("%s has no weights for %s; those outputs are not produced "
                 "(nothing is initialised randomly).", path,

@@ -9,21 +9,24 @@ Accepts:
     (`ElectraForPreTraining`, `ElectraForMaskedLM`, `ElectraModel`). Weights
     are read from safetensors; nothing is ever unpickled (see
     `albert_jax.interop.hf_files`). A transformers task checkpoint
-    (`{Family}For{Task}`) loads as a fine-tuned model.
+    (`{Family}For{Task}`) gives its fields with the task head
+    (`TaskCheckpoint`), which `albert_jax.load_pretrained` makes a
+    fine-tuned model.
   * a google-research/albert TF1 release directory (`albert_config.json`,
     `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
   * an albert_jax training workdir (the trainer's `config.json` and
     `checkpoints/`).
-  * an albert_jax fine-tuning workdir (its `task.json`, `tokenizer/` and
-    `checkpoints/`): the model with its task head, as a
-    `albert_jax.finetune.predict.FineTuned` whose `predict` takes raw text.
 
-Directories are local (`~` expanded) or `gs://BUCKET/...`.
+An albert_jax fine-tuning workdir (its `task.json`) is refused here: it is
+read with its task head by `albert_jax.load_pretrained`, above fine-tuning
+(`albert_jax.finetune.loading`), which comes to these loaders only for the
+kinds above. Directories are local (`~` expanded) or `gs://BUCKET/...`.
 """
 
 from __future__ import annotations
 
 import os
+import typing
 from typing import Any
 
 import jax
@@ -34,6 +37,7 @@ from albert_jax.interop import CheckpointError
 from albert_jax.interop import child
 from albert_jax.interop import hf
 from albert_jax.interop import hf_config as hf_config_lib
+from albert_jax.interop import hf_task_heads
 from albert_jax.interop import tensor_map
 from albert_jax.interop import tf_checkpoint
 from albert_jax.interop import workdir as workdir_lib
@@ -42,16 +46,21 @@ from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 
 
+class TaskCheckpoint(typing.NamedTuple):
+  """A transformers task checkpoint: the fields of a fine-tuned model
+  (`interop.hf_task_heads.from_hf`'s, plus its tokenizer)."""
+  fields: dict[str, Any]
+
+
 def load(path: str, step: int | str | None,
          overrides: dict[str, Any]) -> Any:
   """Reads the checkpoint directory `path` by its kind; `step` and
   `overrides` are `albert_jax.interop.pretrained.load_pretrained`'s.
 
   Returns:
-    For a fine-tuning workdir or a transformers task checkpoint, an
-    `albert_jax.finetune.predict.FineTuned`; otherwise the fields of a
-    `Pretrained` but its `config` (a dict of model_config, params,
-    tokenizer, heads, pooler, missing, step and model_type).
+    For a transformers task checkpoint, a `TaskCheckpoint`; otherwise the
+    fields of a `Pretrained` but its `config` (a dict of model_config,
+    params, tokenizer, heads, pooler, missing, step and model_type).
 
   Raises:
     CheckpointError: as `load_pretrained` says.
@@ -61,23 +70,21 @@ def load(path: str, step: int | str | None,
     raise CheckpointError(
         f"{path} is not a directory" + (" (no object is stored under it)."
                                         if storage.is_remote(path) else "."))
-  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
-  if predict_lib.is_finetune_workdir(path):
-    if "electra_part" in overrides:
-      raise CheckpointError(
-          f"electra_part applies to ELECTRA pre-training workdirs; {path} "
-          "is a fine-tuning workdir, which holds one encoder.")
-    return predict_lib.load(path, step, **overrides)
+  if workdir_lib.is_finetune_workdir(path):
+    raise CheckpointError(
+        f"{path} is a fine-tuning workdir (it has {workdir_lib.TASK_FILE}): "
+        "load it with albert_jax.load_pretrained, which returns the model "
+        "with its task head.")
   if step == "best":
     raise CheckpointError(
         f"step='best' applies to fine-tuning workdirs (their run's best "
         f"checkpoint by the task's metric); {path} is not one (it has no "
-        f"{predict_lib.TASK_FILE}).")
+        f"{workdir_lib.TASK_FILE}).")
   workdir_config = workdir_lib.read_workdir_config(path)
   if workdir_config is not None and workdir_config.get("job") == "finetune":
     raise CheckpointError(
         f"{path} is a fine-tuning workdir without "
-        f"{predict_lib.TASK_FILE}, which albert_jax writes there since it "
+        f"{workdir_lib.TASK_FILE}, which albert_jax writes there since it "
         "reloads fine-tuned models; rerun the fine-tuning with this "
         "version (it resumes from the newest checkpoint and records it).")
   if workdir_config is not None:
@@ -108,17 +115,16 @@ def load(path: str, step: int | str | None,
   try:
     hf_config = hf_config_lib.read_config(path)
     model_type = hf_config_lib.model_type_of(hf_config)
-    from albert_jax.finetune import hf_export  # pylint: disable=g-import-not-at-top
-    task_type = hf_export.task_type_of(hf_config)
+    task_type = hf_task_heads.task_type_of(hf_config)
   except (ValueError, TypeError) as e:
     raise CheckpointError(f"{path}/config.json{note}: {e}") from e
   if task_type is not None:
     try:
-      fields = hf_export.from_hf(path, hf_config, task_type, overrides,
-                                 read_state_dict(path))
+      fields = hf_task_heads.from_hf(path, hf_config, task_type, overrides,
+                                     read_state_dict(path))
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
-    return predict_lib.FineTuned(tokenizer=_tokenizer(path), **fields)
+    return TaskCheckpoint({"tokenizer": _tokenizer(path), **fields})
   try:
     cfg = hf_config_lib.config_from_hf(hf_config)
     if overrides:

@@ -1,14 +1,19 @@
-"""`load_pretrained` on an albert_jax training workdir.
+"""albert_jax's own workdirs: which kind a directory is, and
+`load_pretrained` on a training workdir.
 
 The model is rebuilt from the trainer's config.json `model` section, its heads
 from `data.objective`, and only the parameters of the newest (or a chosen)
-checkpoint are read, onto one CPU device, without the optimizer state.
+checkpoint are read, onto one CPU device, without the optimizer state. A
+fine-tuning workdir is told by its `TASK_FILE`, which the fine-tuning run
+writes (`albert_jax.finetune.predict.record`) and `albert_jax.load_pretrained`
+reads back into a `FineTuned`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any, Mapping
 
 import jax
@@ -26,6 +31,15 @@ from albert_jax.training import checkpoints
 from albert_jax.training import run_spec
 
 log = logging.getLogger(__name__)
+
+# What a fine-tuning run records in its workdir besides the trainer's files:
+# the task, its labels and the model (`finetune.predict.record`).
+TASK_FILE = "task.json"
+
+
+def is_finetune_workdir(path: str) -> bool:
+  """Whether `path` holds a fine-tuning run's `TASK_FILE`."""
+  return storage.path(os.fspath(path)).joinpath(TASK_FILE).is_file()
 
 
 def read_workdir_config(path: str) -> dict | None:

@@ -2,7 +2,7 @@
 
 Every reader of the user's text files (labelled TSV/CSV/JSONL and CoNLL
 files through `albert_jax.finetune.tabular`, pre-training corpora through
-`albert_jax.data.documents`) decodes its lines with a `LineDecoder`. Bytes
+`albert_jax.text.documents`) decodes its lines with a `LineDecoder`. Bytes
 are never turned into replacement characters or <unk> pieces: an error
 names the file, the line, the byte and, for a file in another encoding, the
 `iconv` command that converts it.

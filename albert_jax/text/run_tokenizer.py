@@ -21,7 +21,7 @@ import shutil
 from typing import Any, Mapping
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
 

@@ -3,7 +3,7 @@
 A SentencePiece vocabulary is built the way ALBERT's README did (unigram,
 <pad>=0, <unk>=1, [CLS]=2, [SEP]=3, [MASK]=4, no bos/eos, character coverage
 0.99995); a byte-level BPE as RoBERTa's. Corpora are read by
-`albert_jax.data.documents` in the official pre-training format (UTF-8, one
+`albert_jax.text.documents` in the official pre-training format (UTF-8, one
 sentence a line, a blank line between documents, `.gz` and globs allowed;
 bad lines counted and skipped), and SentencePiece sentences get the same
 preprocessing as `Tokenizer.encode`, so training and encoding agree.
@@ -29,7 +29,7 @@ import time
 from typing import Callable, Iterable, Iterator, Sequence, Union
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.text import bpe as bpe_lib
 from albert_jax.text import staging
 from albert_jax.text.preprocess import ALBERT_USER_SYMBOLS

@@ -16,7 +16,6 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 
 from albert_jax.model import flops as flops_lib
 from albert_jax.model.config import ModelConfig
@@ -95,7 +94,7 @@ def finetune_model_config(config) -> ModelConfig:
   `config.model`'s non-empty fields over it, or `config.model` alone."""
   overrides = {k: v for k, v in config.model.items() if v is not None}
   if config.init:
-    from albert_jax.interop.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+    from albert_jax.finetune.loading import load_pretrained  # pylint: disable=g-import-not-at-top
     return load_pretrained(config.init, **overrides).model_config
   missing = sorted(k for k, v in config.model.items() if v is None)
   if missing:
@@ -106,65 +105,20 @@ def finetune_model_config(config) -> ModelConfig:
   return ModelConfig.from_dict(overrides)
 
 
-def finetune_batch_schema(task, batch: int, seq_len: int
-                          ) -> dict[str, tuple[tuple[int, ...], Any]]:
-  """The features a task's `load` gives, for a batch of `batch` rows, plus
-  the loop's "weights".
-
-  Raises:
-    ValueError: a task whose features this does not know.
-  """
-  from albert_jax.finetune import classification  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune import race  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune.squad import task as squad  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune.task import INPUT_KEYS  # pylint: disable=g-import-not-at-top
-  rows = (batch,)
-  if isinstance(task, race.RaceTask):
-    tokens = (batch, race.NUM_CHOICES, seq_len)
-    extra = {"label": (rows, jnp.int32)}
-  elif isinstance(task, squad.SquadTask):
-    tokens = (batch, seq_len)
-    extra = {"p_mask": (tokens, jnp.bool_),
-             **{k: (rows, jnp.int32) for k in (
-                 "start_positions", "end_positions", "is_impossible")}}
-  elif isinstance(task, classification.SingleLabelTask):
-    tokens = (batch, seq_len)
-    extra = {"labels": (rows, jnp.float32 if task.regression
-                        else jnp.int32)}
-  else:
-    raise ValueError(f"compile_only does not know the features of task "
-                     f"{task.name!r}.")
-  return {**{k: (tokens, jnp.int32) for k in INPUT_KEYS}, **extra,
-          "weights": (rows, jnp.float32)}
-
-
 def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The fine-tuning step of `config.data.task` on the starting model."""
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import start as finetune_start  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune.task import FineTuneModel  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune.task import TaskObjective  # pylint: disable=g-import-not-at-top
   cfg, changed = stand_in(finetune_model_config(config), platform,
                           stand_in_16bit)
   task = registry.make_task(config.data.task, config.data)
   lm_weight = finetune_start.lm_aux_weight(config, cfg)
-  model = FineTuneModel(cfg, task.head(cfg), lm_head=lm_weight > 0)
-  schema = finetune_batch_schema(task, config.batch_size,
-                                 config.data.max_seq_length)
-  example = {k: jnp.zeros((1,) + shape[1:], dtype)
-             for k, (shape, dtype) in schema.items()}
-
-  def init_params(rng):
-    return model.init(rng, example, deterministic=True)["params"]
-
-  tokens = schema["input_ids"][0]
-  # Rows as the fine-tuning loop counts them: each choice is a sequence.
-  rows = tokens[0] * (tokens[1] if len(tokens) == 3 else 1)
-  heads = ("lm",) if lm_weight > 0 else ()
-  attention = flops_lib.forward_flops_breakdown(
-      cfg, tokens[-1], 0, heads=heads)["attention_scores"]
-  return Target(f"finetune {task.name}", cfg, init_params,
-                TaskObjective(model, task, lm_weight), schema,
-                flops_lib.training_flops_per_step(cfg, rows, tokens[-1], 0,
-                                                  heads=heads),
-                flops_lib.TRAINING_MULTIPLIER * rows * attention, changed)
+  spec = spec_lib.for_task(task, cfg, config.data.max_seq_length,
+                           lm_head=lm_weight > 0)
+  return Target(f"finetune {task.name}", cfg, spec.init_params,
+                TaskObjective(spec.model, task, lm_weight),
+                spec.batch_schema(config.batch_size),
+                spec.flops_per_step(config.batch_size),
+                spec.attention_flops_per_step(config.batch_size), changed)

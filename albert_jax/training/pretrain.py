@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import config_check
 from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.text import run_tokenizer
+from albert_jax.training import config_check
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import optimizer as optim

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import jax
 
 from albert_jax import storage
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.text import run_tokenizer
 
 RECIPE = "recipe.json"

@@ -104,7 +104,7 @@ import warnings
 import numpy as np
 
 import albert_jax
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
 from albert_jax.data import row_random

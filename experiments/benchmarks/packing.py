@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from albert_jax.data import documents
+from albert_jax.text import documents
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking

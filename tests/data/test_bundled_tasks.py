@@ -7,7 +7,7 @@ import gzip
 import importlib.util
 import os
 
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data.shards import is_eval_document
 
 BUNDLED = os.path.join(os.path.dirname(documents_lib.__file__), "bundled")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from albert_jax import storage
-from albert_jax.data import documents
+from albert_jax.text import documents
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import pipeline

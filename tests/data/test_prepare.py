@@ -22,7 +22,7 @@ from locations import CORPUS
 import numpy as np
 import pytest
 
-from albert_jax.data import documents as docs_lib
+from albert_jax.text import documents as docs_lib
 from albert_jax.data import instances as inst_lib
 from albert_jax.data import prepare as prep
 from albert_jax.data import shards

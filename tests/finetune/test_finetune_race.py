@@ -146,6 +146,10 @@ def test_bad_records_are_refused(tok):
 def test_head_loss_and_predict(tok, fast_compile):
   task = race.make_task("race/all", {"max_qa_length": 6})
   split = _load(task, tok)
+  # The features the spec builds the step from are what `load` gives.
+  for name, (shape, dtype) in task.batch_features(SEQ).items():
+    assert split.features[name].shape[1:] == shape, name
+    assert split.features[name].dtype == dtype, name
   cfg = ModelConfig(vocab_size=tok.vocab_size, embedding_size=16,
                     hidden_size=32, num_hidden_layers=1,
                     num_attention_heads=2, intermediate_size=64,

@@ -411,6 +411,11 @@ def test_head_loss_and_predict(tok, name, head, fast_compile):
   task = _task(name, **({} if head == "span" else {"v2_head": head}))
   assert task.head_kind == head
   split = _load(task, "validation", tok)
+  # The features the spec builds the step from are what `load` gives.
+  seq = split.features["input_ids"].shape[1]
+  for key, (shape, dtype) in task.batch_features(seq).items():
+    assert split.features[key].shape[1:] == shape, key
+    assert split.features[key].dtype == dtype, key
   cfg = _config(tok.vocab_size)
   model = task_lib.FineTuneModel(cfg, task.head(cfg))
   batch = {k: v[:3] for k, v in split.features.items()}

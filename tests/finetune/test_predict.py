@@ -24,6 +24,7 @@ from albert_jax.finetune import predict_files
 from albert_jax.finetune import predict_tasks
 from albert_jax.finetune import run as ft
 from albert_jax.interop import CheckpointError
+from albert_jax.interop import workdir as workdir_lib
 from locations import REPO
 
 # Every run compiles the same few programs; later runs read them back.
@@ -192,13 +193,13 @@ def test_a_damaged_task_json_is_refused_before_it_shapes_anything(
   workdir, _, _ = classifier
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  task_file = copy / predict_lib.TASK_FILE
+  task_file = copy / workdir_lib.TASK_FILE
   task_file.write_text(json.dumps({**json.loads(task_file.read_text()),
                                    **change}))
   with pytest.raises(CheckpointError) as e:
     albert_jax.load_pretrained(str(copy))
   assert str(e.value) == (
-      f"{copy}/{predict_lib.TASK_FILE} is damaged ({problem}); a fine-tuning "
+      f"{copy}/{workdir_lib.TASK_FILE} is damaged ({problem}); a fine-tuning "
       "run writes it when it starts: rerun the fine-tuning command on this "
       "workdir, or restore the file.")
 
@@ -223,7 +224,7 @@ def test_task_json_sizes_and_shape_are_checked(classifier, tmp_path):
   workdir, _, _ = classifier
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  task_file = copy / predict_lib.TASK_FILE
+  task_file = copy / workdir_lib.TASK_FILE
   info = json.loads(task_file.read_text())
   task_file.write_text(json.dumps({**info, "model": {**info["model"],
                                                      "vocab_size": 10**12}}))
@@ -233,7 +234,7 @@ def test_task_json_sizes_and_shape_are_checked(classifier, tmp_path):
     albert_jax.load_pretrained(str(copy))
   task_file.write_text("[1, 2]")
   with pytest.raises(CheckpointError, match=re.escape(
-      f"{copy}/{predict_lib.TASK_FILE} is damaged (it holds a JSON list, not "
+      f"{copy}/{workdir_lib.TASK_FILE} is damaged (it holds a JSON list, not "
       "an object)")):
     albert_jax.load_pretrained(str(copy))
 

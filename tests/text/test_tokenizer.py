@@ -18,7 +18,7 @@ from locations import T5_SPM
 import numpy as np
 import pytest
 
-from albert_jax.data import documents as docs_lib
+from albert_jax.text import documents as docs_lib
 from albert_jax.text import preprocess
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
@@ -361,7 +361,7 @@ def test_train_rejects_empty_corpus(tmp_path):
   empty.write_text("\n\n   \n", encoding="utf-8")
   with pytest.raises(ValueError, match="empty.txt"):
     text_train.train(empty, 100, output=tmp_path / "m.model")
-  # Corpora are found by data.documents.expand_paths, as the data
+  # Corpora are found by text.documents.expand_paths, as the data
   # pipeline's are.
   with pytest.raises(FileNotFoundError, match="nothing-here"):
     text_train.train(str(tmp_path / "nothing-here*.txt"), 100,
@@ -369,7 +369,7 @@ def test_train_rejects_empty_corpus(tmp_path):
 
 
 def test_train_skips_bad_lines_with_one_summary(tmp_path, caplog):
-  """Corpora are read by data.documents: a skipped line is logged (the first
+  """Corpora are read by text.documents: a skipped line is logged (the first
   few of them), and one summary counts every kind."""
   bad = b"caf\xe9 latin-1\n" * 3 + b"\xff\xfe\x00\n"
   huge = b"x" * (docs_lib.MAX_LINE_BYTES + 10) + b"\n"

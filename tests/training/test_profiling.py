@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from locations import CONFIGS
 import pytest
 
-from albert_jax import config_check
+from albert_jax.training import config_check
 from albert_jax import storage
 from albert_jax.training import step_breakdown
 from albert_jax.training import profiling

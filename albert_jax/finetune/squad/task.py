@@ -285,6 +285,14 @@ class SquadTask(Task):
     return Split(name=split, features=features,
                  examples=None if training else examples)
 
+  def batch_features(self, max_seq_length: int):
+    """INPUT_KEYS and "p_mask" (bool) [T]; "start_positions",
+    "end_positions" and "is_impossible" [] int32."""
+    return {**super().batch_features(max_seq_length),
+            "p_mask": ((max_seq_length,), np.bool_),
+            **{k: ((), np.int32) for k in (
+                "start_positions", "end_positions", "is_impossible")}}
+
   def head(self, model_config):
     if self.head_kind == "official":
       return squad_head.AlbertV2Head(model_config, self.start_n_top,

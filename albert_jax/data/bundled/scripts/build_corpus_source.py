@@ -26,7 +26,7 @@ import io
 import os
 import random
 
-from albert_jax.data import documents as documents_lib
+from albert_jax.text import documents as documents_lib
 from albert_jax.data.shards import is_eval_document
 
 EVAL_FRACTION = 0.02  # configs/demo.py's data.eval_fraction

@@ -1,4 +1,4 @@
-"""`albert_jax.data.documents`: corpus files, raw text, JSONL and TFDS.
+"""`albert_jax.text.documents`: corpus files, raw text, JSONL and TFDS.
 
 Small hand-written corpora on disk pin down the official format (blank-line
 document boundaries, documents never spanning files, .gz, globs) and the
@@ -17,7 +17,7 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from albert_jax.data import documents as docs_lib
+from albert_jax.text import documents as docs_lib
 
 WIKI = "wikipedia/20230601.en"
 

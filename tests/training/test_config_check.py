@@ -1,4 +1,4 @@
-"""Every config value is checked at start (albert_jax/config_check.py)."""
+"""Every config value is checked at start (albert_jax/training/config_check.py)."""
 
 import importlib.util
 import math
@@ -13,7 +13,7 @@ from locations import REPO
 import ml_collections
 import pytest
 
-from albert_jax import config_check
+from albert_jax.training import config_check
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import optimizer
 

@@ -10,14 +10,17 @@ bad key, its value, what is allowed and an example of the fix.
 
 Only the fields a config has are checked: pre-training and fine-tuning
 configs share this module, and a fine-tuning config's model section holds
-overrides (None: keep the checkpoint's value).
+overrides (None: keep the checkpoint's value). `config.data.task` is checked
+against the task names the caller passes (`check(..., task_names=...)`):
+the registry of tasks is fine-tuning's, above this stage, so the fine-tuning
+run and the CLI pass `finetune.registry.task_names()`.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 # What each choice field accepts.
 PRETRAINING = ("masked_lm", "causal_lm", "electra")
@@ -117,12 +120,6 @@ _RULES: dict[str, _Rule] = {
 }
 
 
-def _task_names() -> tuple[str, ...]:
-  """Every fine-tuning task's name (imports the task modules)."""
-  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
-  return registry.task_names()
-
-
 def _get(config: Mapping[str, Any], key: str) -> tuple[bool, Any]:
   node = config
   for part in key.split("."):
@@ -132,10 +129,12 @@ def _get(config: Mapping[str, Any], key: str) -> tuple[bool, Any]:
   return True, node
 
 
-def _describe(key: str, value: Any, allowed: str, example: Any) -> str:
+def _describe(key: str, value: Any, allowed: str, example: Any,
+              choices: Sequence[str] = ()) -> str:
   hint = ""
-  if isinstance(value, str) and _choices(key):
-    close = difflib.get_close_matches(value.lower(), _choices(key), n=1,
+  choices = list(choices) or _choices(key)
+  if isinstance(value, str) and choices:
+    close = difflib.get_close_matches(value.lower(), choices, n=1,
                                       cutoff=0.5)
     if close:
       example = close[0]
@@ -145,8 +144,6 @@ def _describe(key: str, value: Any, allowed: str, example: Any) -> str:
 
 
 def _choices(key: str) -> list[str]:
-  if key == "data.task":
-    return list(_task_names())
   return {"pretraining": list(PRETRAINING), "data.objective": list(OBJECTIVES),
           "data.tokenizer_type": list(TOKENIZER_TYPES),
           "model.dtype": list(DTYPES), "data.task_type": list(TASK_TYPES),
@@ -154,17 +151,20 @@ def _choices(key: str) -> list[str]:
           "optimizer.schedule": list(SCHEDULES)}.get(key, [])
 
 
-def problems(config: Mapping[str, Any]) -> list[str]:
-  """One line per config value that cannot run ([] if none)."""
+def problems(config: Mapping[str, Any],
+             task_names: Sequence[str] | None = None) -> list[str]:
+  """One line per config value that cannot run ([] if none); with
+  `task_names`, `config.data.task` must be one of them."""
   out = []
   for key, (ok, allowed, example) in _RULES.items():
     present, value = _get(config, key)
     if present and value is not None and not ok(value):
       out.append(_describe(key, value, allowed, example))
   present, task = _get(config, "data.task")
-  if present and task is not None and task not in _task_names():
-    out.append(_describe("data.task", task, f"one of {_task_names()}",
-                         "files"))
+  if (task_names is not None and present and task is not None
+      and task not in task_names):
+    out.append(_describe("data.task", task, f"one of {tuple(task_names)}",
+                         "files", task_names))
   present, profile = _get(config, "profile")
   if present and hasattr(profile, "get"):
     from albert_jax.training import profiling  # pylint: disable=g-import-not-at-top
@@ -246,12 +246,14 @@ def _best_metric_problem(config: Mapping[str, Any]) -> str | None:
           f"best checkpoint, e.g. --config.best_metric={allowed[0]}")
 
 
-def check(config: Mapping[str, Any]) -> None:
+def check(config: Mapping[str, Any],
+          task_names: Sequence[str] | None = None) -> None:
   """Raises ConfigError listing every value of `config` that cannot run,
-  including the optimizer's (`optimizer.check`) and, for a fine-tuning
-  config, its own fine-tuning stage (`config.finetune`)."""
+  including the optimizer's (`optimizer.check`) and its own fine-tuning
+  stage's (`config.finetune`); with `task_names`, the fine-tuning task's
+  name too (`problems`)."""
   from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
-  found, cause = problems(config), None
+  found, cause = problems(config, task_names), None
   best = _best_metric_problem(config) if not found else None
   if best:
     found.append(best)
@@ -270,4 +272,4 @@ def check(config: Mapping[str, Any]) -> None:
     raise ConfigError("; ".join(found) + ".") from cause
   stage = config.get("finetune") if hasattr(config, "get") else None
   if stage is not None:
-    check(stage)
+    check(stage, task_names)
