@@ -23,7 +23,11 @@ and jitter until a deadline (`albert_jax.retry`, 180 s unless
 `ALBERT_JAX_STORAGE_RETRY_DEADLINE` says otherwise), so a run rides out a
 storage outage shorter than that: epath's requests through gcsfs
 (`gcsfs_retrying`, registered for gs:// here), `write_atomic`'s whole
-upload and `create_if_absent`'s request.
+upload, `create_if_absent`'s request, and tensorstore's (orbax's arrays),
+whose own retries `training.checkpoints` raises to cover the deadline
+(`raise_tensorstore_retries`). ArrayRecord's reader (prepared shards)
+retries in its own client (google-cloud-cpp), which rode out a 60 s outage
+on the emulator.
 """
 
 from __future__ import annotations
@@ -75,6 +79,27 @@ def use_emulator_from_env() -> None:
   # gcsfs asks the bucket's layout from the storage control API, which no
   # emulator serves; it would warn on every call and then fall back anyway.
   os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def raise_tensorstore_retries() -> None:
+  """Gives tensorstore, in the contexts orbax opens its arrays with, retries
+  that cover the deadline (`retry.tensorstore_retries`; never fewer than
+  tensorstore's own 32).
+
+  orbax 0.12 takes no tensorstore context from its handlers' options: each
+  save and restore builds one from `tensorstore_utils`' module-level
+  defaults, which this extends. Where a later orbax moves them, nothing
+  changes and tensorstore keeps its own retries (32 tries, waits of 1 to
+  32 s: about 15 minutes).
+  """
+  try:
+    from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  for name in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
+    context = getattr(tensorstore_utils, name, None)
+    if isinstance(context, dict):
+      context["gcs_request_retries"] = retry.tensorstore_retries()
 
 
 def path(p: str | os.PathLike) -> epath.Path:

@@ -247,3 +247,63 @@ def test_tensorstore_retries_cover_the_deadline_and_never_lower_its_own():
   assert sum(long.wait(k) for k in range(1, n)) < 3600
   assert n == 117
 
+
+def test_orbax_opens_its_arrays_with_those_retries(monkeypatch):
+  from albert_jax import storage  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
+  from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=g-import-not-at-top
+  for name in (retry.ENV_DEADLINE, retry.ENV_INITIAL, retry.ENV_MAXIMUM):
+    monkeypatch.delenv(name, raising=False)
+  storage.raise_tensorstore_retries()
+  for ocdbt in (True, False):
+    context = tensorstore_utils.get_ts_context(use_ocdbt=ocdbt)
+    assert context["gcs_request_retries"].to_json(
+        include_defaults=True) == {
+        "max_retries": 32, "initial_delay": "1s", "max_delay": "32s"}
+  monkeypatch.setenv(retry.ENV_DEADLINE, "3600")
+  monkeypatch.setenv(retry.ENV_INITIAL, "0.5")
+  monkeypatch.setenv(retry.ENV_MAXIMUM, "4")
+  storage.raise_tensorstore_retries()
+  try:
+    context = tensorstore_utils.get_ts_context(use_ocdbt=True)
+    assert context["gcs_request_retries"].to_json(
+        include_defaults=True) == {
+        "max_retries": 903, "initial_delay": "500ms", "max_delay": "4s"}
+  finally:
+    monkeypatch.undo()
+    storage.raise_tensorstore_retries()
+
+
+def test_a_checkpoint_write_cut_by_an_outage_says_so():
+  """A save that failed because Cloud Storage stayed away past the deadline
+  (orbax may wrap the error) names the outage's line, not a full disk."""
+  from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+
+  class Manager:
+    directory = "gs://bkt/run/checkpoints"
+
+    def reload(self):
+      pass
+
+    def all_steps(self):
+      return [3]
+
+  outage = retry.StorageUnavailableError(
+      "gs://bkt/run/checkpoints/6/meta (POST): Cloud Storage kept failing "
+      "for 180 s (…). Check the network …")
+  try:
+    try:
+      raise outage
+    except retry.StorageUnavailableError as e:
+      raise RuntimeError("Save Finalize thread failed") from e
+  except RuntimeError as wrapped:
+    error = checkpoints._write_error(Manager(), 6, wrapped)  # pylint: disable=protected-access
+  assert str(error) == (
+      "Writing checkpoint step 6 to gs://bkt/run/checkpoints failed "
+      f"({outage}). The complete checkpoints (steps [3]) are intact and the "
+      "incomplete one is never restored: a rerun resumes from step 3.")
+  assert "Free space" not in str(error)
+  disk = checkpoints._write_error(Manager(), 6, OSError(28, "No space left"))  # pylint: disable=protected-access
+  assert str(disk).endswith("Free space on that disk (or lower "
+                            "config.keep_checkpoints, or choose another "
+                            "--workdir) and run again.")
