@@ -5,10 +5,9 @@ or 429s) should cost a run the outage and not the run. The requests the
 project sends to `gs://` through Python go through `call` (or `acall`, its
 coroutine twin): those of gcsfs, under `etils.epath` and so under every
 `storage.path(...)` read, write, listing and rename of the project and of
-orbax's own metadata files (`storage` registers a gcsfs subclass whose
-single request method is wrapped: `gcsfs_retrying`); `storage.write_atomic`
-'s whole upload; and `storage.create_if_absent`'s google-cloud-storage
-request. Tensorstore (orbax's arrays) retries by itself;
+orbax's own metadata files (`RetryingGCSFileSystem` below, which `storage`
+registers for gs:// in fsspec); `storage.write_atomic`'s whole upload; and
+`storage.create_if_absent`'s google-cloud-storage request. Tensorstore (orbax's arrays) retries by itself;
 `tensorstore_retries` gives it settings that cover the same deadline.
 ArrayRecord's reader (prepared shards) retries inside its google-cloud-cpp
 client, which takes no settings from Python.
@@ -40,9 +39,11 @@ import functools
 import logging
 import os
 import random
+import re
 import threading
 import time
 from typing import Any, Awaitable, Callable, TypeVar
+import urllib.parse
 
 log = logging.getLogger(__name__)
 
@@ -350,3 +351,135 @@ async def acall(fn: Callable[[], Awaitable[T]], *, what: str,
       if wait is None:
         raise
       await sleep(wait)
+
+
+################################################################################
+# gcsfs with these retries: what `etils.epath` reaches gs:// by.
+################################################################################
+
+# gcsfs retries a failed request 6 times (about 31 s of waits), a count bound
+# when its class is defined, so a longer outage ended whatever was reading
+# or writing: a checkpoint's metadata file in orbax's background thread, a
+# metrics flush, the lease's heartbeat. `RetryingGCSFileSystem` is gcsfs's
+# file system with its one request method (`_request`, under every read,
+# write, listing, copy and delete) retried by `acall` instead.
+#
+# Two repeats need care:
+# - A DELETE whose answer was lost may have deleted the object: its retry's
+#   404 means the object is gone, as asked.
+# - A resumable upload's session can be lost (an emulator restarted; a
+#   session that expired): the chunk's POST then answers 404. While no byte
+#   has been committed (the whole object is still in the file's buffer) a
+#   new session is started and the upload made again; past that the file
+#   raises `UploadSessionLostError`, which `storage.write_atomic` retries by
+#   writing the whole object again.
+#
+# gcsfs takes a second to import, so the classes are made when fsspec first
+# asks for them (`__getattr__`), after `storage` has set gcsfs's
+# environment.
+
+_GCSFS_CLASSES = ("RetryingGCSFileSystem", "RetryingGCSFile")
+_SESSION_RESTARTS = 3
+
+
+def describe_request(method: str, path: str, args=(), kwargs=None) -> str:
+  """A gcsfs request as `gs://BUCKET/KEY (METHOD)` where its URL says which
+  object (a listing by its folder), else `METHOD URL` without its query."""
+  kwargs = kwargs or {}
+  try:
+    if args and "{}" in path:  # "b/{}/o/{}" with (bucket, key)
+      target = "/".join(str(a) for a in args[:2])
+      prefix = kwargs.get("prefix")
+      if len(args) == 1 and prefix:
+        target += "/" + str(prefix).rstrip("/")
+      return f"gs://{target} ({method})"
+    parts = urllib.parse.urlsplit(path)
+    found = re.search(r"/b/([^/]+)(?:/o/([^/?]+))?", parts.path)
+    if found:
+      name = (urllib.parse.parse_qs(parts.query).get("name", [None])[0]
+              or (urllib.parse.unquote(found.group(2)) if found.group(2)
+                  else None))
+      bucket = urllib.parse.unquote(found.group(1))
+      return f"gs://{bucket}/{name} ({method})" if name else (
+          f"gs://{bucket} ({method})")
+    return f"{method} {parts.scheme}://{parts.netloc}{parts.path}"
+  except Exception:  # pylint: disable=broad-except
+    return f"{method} {path}"
+
+
+@functools.lru_cache(maxsize=None)
+def _gcsfs_classes() -> dict[str, type]:
+  """The two classes, made once (named as this module's, so a pickled file
+  system finds its class again)."""
+  import gcsfs  # pylint: disable=g-import-not-at-top
+  from gcsfs import core as gcsfs_core  # pylint: disable=g-import-not-at-top
+  from gcsfs.retry import HttpError  # pylint: disable=g-import-not-at-top
+  # gcsfs's request method without its 6-try decorator (the `decorator`
+  # package keeps the function it wrapped as `__wrapped__`).
+  raw_request = gcsfs_core.GCSFileSystem._request.__wrapped__  # pylint: disable=protected-access
+
+  class RetryingGCSFile(gcsfs_core.GCSFile):
+    """A gcsfs file whose upload survives a lost upload session."""
+
+    def _upload_chunk(self, final=False):
+      restarts = 0
+      while True:
+        try:
+          return super()._upload_chunk(final=final)
+        except (FileNotFoundError, HttpError) as e:
+          lost = self.location and (isinstance(e, FileNotFoundError)
+                                    or getattr(e, "code", None) == 410)
+          if not lost:
+            raise
+          if self.offset or restarts >= _SESSION_RESTARTS:
+            raise UploadSessionLostError(
+                f"gs://{self.path}: the resumable upload's session was lost "
+                f"after {self.offset} bytes had been sent ({brief(e)}); the "
+                "object must be written again from its start.") from e
+          restarts += 1
+          log.warning("gs://%s: the upload session was lost (%s); starting "
+                      "the upload again.", self.path, brief(e))
+          self.location = None
+          self._initiate_upload()
+
+  class RetryingGCSFileSystem(gcsfs.GCSFileSystem):
+    """gcsfs's file system (`gcsfs.GCSFileSystem`: the extended one on real
+    Cloud Storage, the core one on an emulator) with every request retried
+    by `acall`."""
+
+    async def _request(self, method, path, *args, **kwargs):  # pylint: disable=invalid-overridden-method
+      failed = False
+
+      async def once():
+        nonlocal failed
+        try:
+          return await raw_request(self, method, path, *args, **kwargs)
+        except FileNotFoundError:
+          if failed and str(method).upper() == "DELETE":
+            # An earlier try deleted it; its answer was lost.
+            return 204, {}, None, b""
+          raise
+        except Exception:
+          failed = True
+          raise
+
+      return await acall(once,
+                         what=describe_request(method, path, args, kwargs))
+
+    def _open(self, path, mode="rb", *args, **kwargs):
+      f = super()._open(path, mode, *args, **kwargs)
+      if type(f) is gcsfs_core.GCSFile:  # pylint: disable=unidiomatic-typecheck
+        f.__class__ = RetryingGCSFile  # adds a method, no state
+      return f
+
+  out = {"RetryingGCSFile": RetryingGCSFile,
+         "RetryingGCSFileSystem": RetryingGCSFileSystem}
+  for name, cls in out.items():
+    cls.__module__, cls.__qualname__ = __name__, name
+  return out
+
+
+def __getattr__(name: str):
+  if name in _GCSFS_CLASSES:
+    return _gcsfs_classes()[name]
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ Outages: every request to Cloud Storage is retried with exponential backoff
 and jitter until a deadline (`albert_jax.retry`, 180 s unless
 `ALBERT_JAX_STORAGE_RETRY_DEADLINE` says otherwise), so a run rides out a
 storage outage shorter than that: epath's requests through gcsfs
-(`gcsfs_retrying`, registered for gs:// here), `write_atomic`'s whole
+(`retry.RetryingGCSFileSystem`, registered for gs:// here), `write_atomic`'s whole
 upload, `create_if_absent`'s request, and tensorstore's (orbax's arrays),
 whose own retries `training.checkpoints` raises to cover the deadline
 (`raise_tensorstore_retries`). ArrayRecord's reader (prepared shards)
@@ -55,7 +55,7 @@ def use_emulator_from_env() -> None:
   Also makes `etils.epath` reach `gs://` through gcsfs rather than
   TensorFlow's gfile (which does not read the variable) unless the user
   chose with `EPATH_USE_TF`, and through gcsfs with the project's retries
-  (`gcsfs_retrying`). Settings the user made are kept.
+  (`retry.RetryingGCSFileSystem`). Settings the user made are kept.
   """
   os.environ.setdefault("EPATH_USE_TF", "false")
   import fsspec  # pylint: disable=g-import-not-at-top
@@ -65,7 +65,7 @@ def use_emulator_from_env() -> None:
   # when a gs:// path is first used.
   for protocol in ("gs", "gcs"):
     fsspec.register_implementation(
-        protocol, "albert_jax.gcsfs_retrying.RetryingGCSFileSystem",
+        protocol, "albert_jax.retry.RetryingGCSFileSystem",
         clobber=True)
   host = os.environ.get(EMULATOR)
   if not host:

@@ -14,7 +14,6 @@ from gcsfs import core as gcsfs_core
 import pytest
 from restartable_gcs import Emulator
 
-from albert_jax import gcsfs_retrying
 from albert_jax import retry
 from albert_jax import storage
 
@@ -113,7 +112,7 @@ def test_an_upload_whose_session_is_lost_is_started_again(gcs, monkeypatch,
   data (as it did under a checkpoint's metadata file): the data's POST
   answers 404 for the session, and a new session is started."""
   bucket = gcs.bucket()
-  initiate = gcsfs_retrying.RetryingGCSFile._initiate_upload  # pylint: disable=protected-access
+  initiate = retry.RetryingGCSFile._initiate_upload  # pylint: disable=protected-access
   restarts = []
 
   def initiate_then_restart(self):
@@ -122,7 +121,7 @@ def test_an_upload_whose_session_is_lost_is_started_again(gcs, monkeypatch,
       restarts.append(self.location)
       gcs.restart()
 
-  monkeypatch.setattr(gcsfs_retrying.RetryingGCSFile, "_initiate_upload",
+  monkeypatch.setattr(retry.RetryingGCSFile, "_initiate_upload",
                       initiate_then_restart)
   with caplog.at_level(logging.WARNING):
     storage.path(f"{bucket}/run/_CHECKPOINT_METADATA").write_text("{}")
