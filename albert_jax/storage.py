@@ -17,6 +17,17 @@ when the package is imported.
 gcsfs's listings cache is off: several processes share a workdir (the
 lease, process 0's files, data workers), and a cached listing would hide
 what another process wrote.
+
+Outages: every request to Cloud Storage is retried with exponential backoff
+and jitter until a deadline (`albert_jax.retry`, 180 s unless
+`ALBERT_JAX_STORAGE_RETRY_DEADLINE` says otherwise), so a run rides out a
+storage outage shorter than that: epath's requests through gcsfs
+(`retry.RetryingGCSFileSystem`, registered for gs:// here), `write_atomic`'s whole
+upload, `create_if_absent`'s request, and tensorstore's (orbax's arrays),
+whose own retries `training.checkpoints` raises to cover the deadline
+(`raise_tensorstore_retries`). ArrayRecord's reader (prepared shards)
+retries in its own client (google-cloud-cpp), which rode out a 60 s outage
+on the emulator.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ import uuid
 
 from etils import epath
 
+from albert_jax import retry
+
 EMULATOR = "STORAGE_EMULATOR_HOST"
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 SCHEMES = ("gs",)  # besides local paths
@@ -41,12 +54,19 @@ def use_emulator_from_env() -> None:
 
   Also makes `etils.epath` reach `gs://` through gcsfs rather than
   TensorFlow's gfile (which does not read the variable) unless the user
-  chose with `EPATH_USE_TF`. Settings the user made are kept.
+  chose with `EPATH_USE_TF`, and through gcsfs with the project's retries
+  (`retry.RetryingGCSFileSystem`). Settings the user made are kept.
   """
   os.environ.setdefault("EPATH_USE_TF", "false")
   import fsspec  # pylint: disable=g-import-not-at-top
   fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache",
                                                      False)
+  # gcsfs with the project's retries, imported (after the settings below)
+  # when a gs:// path is first used.
+  for protocol in ("gs", "gcs"):
+    fsspec.register_implementation(
+        protocol, "albert_jax.retry.RetryingGCSFileSystem",
+        clobber=True)
   host = os.environ.get(EMULATOR)
   if not host:
     return
@@ -59,6 +79,27 @@ def use_emulator_from_env() -> None:
   # gcsfs asks the bucket's layout from the storage control API, which no
   # emulator serves; it would warn on every call and then fall back anyway.
   os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def raise_tensorstore_retries() -> None:
+  """Gives tensorstore, in the contexts orbax opens its arrays with, retries
+  that cover the deadline (`retry.tensorstore_retries`; never fewer than
+  tensorstore's own 32).
+
+  orbax 0.12 takes no tensorstore context from its handlers' options: each
+  save and restore builds one from `tensorstore_utils`' module-level
+  defaults, which this extends. Where a later orbax moves them, nothing
+  changes and tensorstore keeps its own retries (32 tries, waits of 1 to
+  32 s: about 15 minutes).
+  """
+  try:
+    from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  for name in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
+    context = getattr(tensorstore_utils, name, None)
+    if isinstance(context, dict):
+      context["gcs_request_retries"] = retry.tensorstore_retries()
 
 
 def path(p: str | os.PathLike) -> epath.Path:
@@ -148,7 +189,9 @@ def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:
   target = path(p)
   blob = data.encode("utf-8") if isinstance(data, str) else data
   if is_remote(target):
-    target.write_bytes(blob)
+    # Each request is retried by gcsfs; this retries the whole upload when
+    # its session was lost part-way.
+    retry.call(lambda: target.write_bytes(blob), what=os.fspath(target))
     return
   with open_atomic(target) as f:
     f.write(blob)
@@ -268,9 +311,15 @@ def create_if_absent(p: str | os.PathLike, data: bytes) -> bool:
     return True
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   bucket, _, key = os.fspath(target)[len("gs://"):].partition("/")
+  blob = _gcs_client().bucket(bucket).blob(key)
   try:
-    _gcs_client().bucket(bucket).blob(key).upload_from_string(
-        data, if_generation_match=0)
+    # The project's retries, not the client's (retry=None): one deadline
+    # and one log line per retry for every layer. A retried create whose
+    # first answer was lost finds its own object and returns False; the
+    # caller reads the object to tell (the lease compares its owner).
+    retry.call(lambda: blob.upload_from_string(data, if_generation_match=0,
+                                               retry=None),
+               what=os.fspath(target))
   except exceptions.PreconditionFailed:
     return False
   return True

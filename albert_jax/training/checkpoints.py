@@ -33,10 +33,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from albert_jax import retry
 from albert_jax import storage
 from albert_jax.training import checkpoint_shapes as shapes_lib
 
 log = logging.getLogger(__name__)
+
+storage.raise_tensorstore_retries()
 
 
 class CheckpointWriteError(OSError):
@@ -63,10 +66,28 @@ def _write_error(mngr: ocp.CheckpointManager, step: int | None,
             f"{intact[-1]}.")
   else:
     kept = "No complete checkpoint exists yet, so a rerun starts afresh."
-  message = (f"Writing {what} to {mngr.directory} failed ({reason}). {kept} "
-             "Free space on that disk (or lower config.keep_checkpoints, or "
-             "choose another --workdir) and run again.")
-  return CheckpointWriteError(getattr(error, "errno", None), message)
+  fix = (" Free space on that disk (or lower config.keep_checkpoints, or "
+         "choose another --workdir) and run again.")
+  outage = _cause(error, retry.StorageUnavailableError)
+  if outage is not None:  # its text says what to do
+    reason, fix = str(outage), ""
+  message = (f"Writing {what} to {mngr.directory} failed ({reason}). "
+             f"{kept}{fix}")
+  errno = getattr(error, "errno", None)
+  if errno is None:  # not "[Errno None] Writing …"
+    return CheckpointWriteError(message)
+  return CheckpointWriteError(errno, message)
+
+
+def _cause(error: BaseException, kind: type) -> BaseException | None:
+  """`error`, or the first error of class `kind` in its chain of causes."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, kind):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
 
 
 class _NoMetricsWarningFilter(logging.Filter):

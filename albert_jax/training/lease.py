@@ -32,6 +32,7 @@ import uuid
 import jax
 import numpy as np
 
+from albert_jax import retry
 from albert_jax import storage
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ def _read(path: str) -> dict | None:
     held = json.loads(storage.path(path).read_text(encoding="utf-8"))
   except FileNotFoundError:
     return None
+  except retry.StorageUnavailableError:
+    raise  # unreachable storage says nothing about who holds the lease
   except (OSError, ValueError):
     return {}
   return held if isinstance(held, dict) else {}
@@ -156,14 +159,19 @@ def _process_gone(held: dict) -> bool:
 def _beat(path: str, record: dict, stop: threading.Event,
           taken: threading.Event, interval: float, clock) -> None:
   while not stop.wait(interval):
-    held = _read(path)
-    if held is not None and held.get("owner") != record["owner"]:
-      log.error("The lease on %s was taken over by %s; this run stops "
-                "before its next step.", _workdir(path),
-                _describe(held, None))
-      taken.set()
-      return
-    _replace(path, {**record, "heartbeat": clock()})
+    try:
+      held = _read(path)
+      if held is not None and held.get("owner") != record["owner"]:
+        log.error("The lease on %s was taken over by %s; this run stops "
+                  "before its next step.", _workdir(path),
+                  _describe(held, None))
+        taken.set()
+        return
+      _replace(path, {**record, "heartbeat": clock()})
+    except retry.StorageUnavailableError:
+      # Retried to its deadline and logged; the next beat tries again.
+      log.warning("The heartbeat of the lease on %s was not written; "
+                  "trying again in %.0f s.", _workdir(path), interval)
 
 
 def acquire(workdir: str, take_over: bool = False, *,
@@ -208,6 +216,8 @@ def _take(path: str, owner: str, stop: threading.Event, take_over: bool,
     held, age = _read(path), _age(path)
     if held is None or age is None:
       continue  # released meanwhile: try to create it again
+    if held.get("owner") == owner:
+      break  # ours: a retried create whose first answer was lost
     stale = age > stale_seconds
     gone = _process_gone(held)
     if not (stale or gone or take_over):

@@ -1,0 +1,235 @@
+"""The project's own gs:// reads and writes ride out a real outage: the
+emulator (objects on disk, `restartable_gcs`) is stopped, and started again
+on the same port a second later, while each call waits. Retry settings are
+scaled down (waits of 0.1 to 0.5 s) so a test takes seconds; the schedule
+itself is `test_retry.py`'s."""
+
+import json
+import logging
+import os
+import threading
+import time
+
+from gcsfs import core as gcsfs_core
+import pytest
+from restartable_gcs import Emulator
+
+from albert_jax import retry
+from albert_jax import storage
+
+OUTAGE = 1.0
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("restartable_gcs")
+  server = Emulator(folder / "root", folder / "server.log")
+  server.start()
+  yield server
+  server.stop()
+
+
+@pytest.fixture(name="gcs")
+def fixture_gcs(emulator, monkeypatch):
+  """The emulator, answering, with every layer pointed at it and retries
+  scaled down."""
+  if emulator.process is None:
+    emulator.start()
+  monkeypatch.setenv(storage.EMULATOR, emulator.url)
+  monkeypatch.setenv(retry.ENV_DEADLINE, "30")
+  monkeypatch.setenv(retry.ENV_INITIAL, "0.1")
+  monkeypatch.setenv(retry.ENV_MAXIMUM, "0.5")
+  return emulator
+
+
+def _during_outage(gcs, fn, seconds=OUTAGE):
+  """fn(), called while the emulator is down; it comes back after
+  `seconds`. fn's result, and how long it took."""
+  gcs.stop()
+  timer = threading.Timer(seconds, gcs.start)
+  start = time.monotonic()
+  timer.start()
+  try:
+    out = fn()
+  finally:
+    timer.join()
+  return out, time.monotonic() - start
+
+
+def _retries(caplog, what):
+  return [r.getMessage() for r in caplog.records
+          if r.levelno == logging.WARNING and r.name == "albert_jax.retry"
+          and r.getMessage().startswith(what)]
+
+
+def test_reads_writes_listings_and_creates_ride_out_an_outage(gcs, caplog):
+  bucket = gcs.bucket()
+  storage.write_atomic(f"{bucket}/a.json", '{"x": 1}')
+  calls = [
+      ("read", f"{bucket}/a.json",
+       lambda: storage.read_json_object(f"{bucket}/a.json", fix="-"),
+       {"x": 1}),
+      ("write", f"{bucket}/b.json",
+       lambda: storage.write_atomic(f"{bucket}/b.json", '{"y": 2}'), None),
+      ("exists", f"{bucket}/b.json",
+       lambda: storage.path(f"{bucket}/b.json").exists(), True),
+      ("glob", bucket,
+       lambda: [p.name for p in storage.glob(f"{bucket}/*.json")],
+       ["a.json", "b.json"]),
+      ("create", f"{bucket}/lease.json",
+       lambda: storage.create_if_absent(f"{bucket}/lease.json", b"{}"), True),
+      ("create again", f"{bucket}/lease.json",
+       lambda: storage.create_if_absent(f"{bucket}/lease.json", b"{}"), False),
+      ("age", f"{bucket}/a.json",
+       lambda: storage.age(f"{bucket}/a.json") >= 0, True),
+  ]
+  with caplog.at_level(logging.WARNING):
+    for name, what, fn, want in calls:
+      caplog.clear()
+      got, took = _during_outage(gcs, fn)
+      assert got == want, name
+      assert took >= OUTAGE, name
+      assert _retries(caplog, what), (name, caplog.text)
+      assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+  assert storage.read_json_object(f"{bucket}/b.json", fix="-") == {"y": 2}
+  assert storage.path(f"{bucket}/lease.json").read_bytes() == b"{}"
+
+
+def test_a_missing_object_is_not_retried(gcs, caplog):
+  bucket = gcs.bucket()
+  start = time.monotonic()
+  with caplog.at_level(logging.WARNING):
+    with pytest.raises(FileNotFoundError):
+      storage.path(f"{bucket}/missing.json").read_text()
+    assert not storage.path(f"{bucket}/missing.json").exists()
+  assert time.monotonic() - start < 2
+  assert not _retries(caplog, "")
+
+
+def test_an_upload_whose_session_is_lost_is_started_again(gcs, monkeypatch,
+                                                          caplog):
+  """The emulator restarts between the start of a resumable upload and its
+  data (as it did under a checkpoint's metadata file): the data's POST
+  answers 404 for the session, and a new session is started."""
+  bucket = gcs.bucket()
+  initiate = retry.RetryingGCSFile._initiate_upload  # pylint: disable=protected-access
+  restarts = []
+
+  def initiate_then_restart(self):
+    initiate(self)
+    if not restarts:
+      restarts.append(self.location)
+      gcs.restart()
+
+  monkeypatch.setattr(retry.RetryingGCSFile, "_initiate_upload",
+                      initiate_then_restart)
+  with caplog.at_level(logging.WARNING):
+    storage.path(f"{bucket}/run/_CHECKPOINT_METADATA").write_text("{}")
+  assert restarts
+  assert storage.path(f"{bucket}/run/_CHECKPOINT_METADATA").read_text() == "{}"
+  assert (f"{bucket}/run/_CHECKPOINT_METADATA: the upload session was lost"
+          in caplog.text)
+
+
+def test_a_session_lost_after_its_first_chunk_rewrites_the_whole_object(
+    gcs, monkeypatch, caplog):
+  """Past the first chunk only the writer holding the whole object can send
+  it again: `write_atomic` does."""
+  bucket = gcs.bucket()
+  data = os.urandom(6 * 2**20 + 3)  # over gcsfs's 5 MiB block: two POSTs
+  upload = gcsfs_core.GCSFile._upload_chunk  # pylint: disable=protected-access
+  restarts = []
+
+  def restart_before_the_last_chunk(self, final=False):
+    if self.offset and not restarts:
+      restarts.append(self.offset)
+      gcs.restart()
+    return upload(self, final=final)
+
+  monkeypatch.setattr(gcsfs_core.GCSFile, "_upload_chunk",
+                      restart_before_the_last_chunk)
+  with caplog.at_level(logging.WARNING):
+    storage.write_atomic(f"{bucket}/shard.arrayrecord", data)
+  assert restarts
+  assert storage.path(f"{bucket}/shard.arrayrecord").read_bytes() == data
+  assert "UploadSessionLostError" in caplog.text
+
+
+def test_past_the_deadline_one_clear_error(gcs, monkeypatch, caplog):
+  bucket = gcs.bucket()
+  storage.write_atomic(f"{bucket}/a.json", "{}")
+  monkeypatch.setenv(retry.ENV_DEADLINE, "1")
+  gcs.stop()
+  try:
+    with caplog.at_level(logging.WARNING):
+      start = time.monotonic()
+      with pytest.raises(retry.StorageUnavailableError) as raised:
+        storage.read_json_object(f"{bucket}/a.json", fix="-")
+      took = time.monotonic() - start
+  finally:
+    gcs.start()
+  assert 1 <= took < 5
+  message = str(raised.value)
+  assert message.startswith(
+      f"{bucket}/a.json (GET): Cloud Storage kept failing for 1 s (")
+  assert "ClientConnectorError" in message
+  assert f"gcloud storage ls {bucket})" in message
+  assert "ALBERT_JAX_STORAGE_RETRY_DEADLINE to more seconds (now 1)" in message
+  errors = [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.ERROR]
+  assert errors == [message]
+
+
+def test_the_lease_reads_an_outage_as_an_outage(tmp_path, monkeypatch,
+                                                caplog):
+  """A lease read that failed past the deadline says nothing of its owner,
+  and a create whose answer was lost made the lease ours."""
+  from albert_jax.training import lease  # pylint: disable=g-import-not-at-top
+
+  def answer_lost(path, record):  # created, but the caller never heard
+    storage.write_atomic(path, json.dumps(record))
+    return False
+
+  monkeypatch.setattr(lease, "_create", answer_lost)
+  held = lease.acquire(str(tmp_path), heartbeat_seconds=3600)
+  assert not held.lost
+  held.release()
+  monkeypatch.undo()
+
+  outage = retry.StorageUnavailableError("gs://bkt/run/lease.json (GET): "
+                                         "Cloud Storage kept failing …")
+
+  class Unreachable:
+    def read_text(self, **_):
+      raise outage
+
+  monkeypatch.setattr(lease.storage, "path", lambda _: Unreachable())
+  with pytest.raises(retry.StorageUnavailableError):
+    lease._read("gs://bkt/run/lease.json")  # pylint: disable=protected-access
+  monkeypatch.undo()
+
+  # The heartbeat: two beats meet the outage, the third finds the lease.
+  path = os.path.join(tmp_path, lease.LEASE)
+  record = {"owner": "me"}
+  storage.write_atomic(path, json.dumps(record))
+  reads = []
+
+  def read(p):
+    reads.append(p)
+    if len(reads) <= 2:
+      raise outage
+    return record
+
+  monkeypatch.setattr(lease, "_read", read)
+  stop, taken = threading.Event(), threading.Event()
+  beat = threading.Thread(target=lease._beat,  # pylint: disable=protected-access
+                          args=(path, record, stop, taken, 0.01, time.time))
+  with caplog.at_level(logging.WARNING):
+    beat.start()
+    while len(reads) < 4:
+      time.sleep(0.01)
+    stop.set()
+    beat.join()
+  assert not taken.is_set()
+  assert caplog.text.count(f"The heartbeat of the lease on {tmp_path} was "
+                           "not written") == 2
