@@ -107,7 +107,10 @@ class ReadStats:
     return sentences
 
 
-BUNDLED_DIR = os.path.join(os.path.dirname(__file__), "bundled", "corpus")
+# The corpus shipped with the package (albert_jax/data/bundled, with its
+# provenance).
+BUNDLED_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
+                           "bundled", "corpus")
 
 
 def corpus_pattern(corpus: str) -> str:

@@ -7,10 +7,11 @@ import gzip
 import importlib.util
 import os
 
-from albert_jax.text import documents as documents_lib
+from albert_jax import data as data_lib
 from albert_jax.data.shards import is_eval_document
+from albert_jax.text import documents as documents_lib
 
-BUNDLED = os.path.join(os.path.dirname(documents_lib.__file__), "bundled")
+BUNDLED = os.path.join(os.path.dirname(data_lib.__file__), "bundled")
 TASK = os.path.join(BUNDLED, "labeled", "corpus_source.tsv.gz")
 
 
