@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax.finetune import packing
 from albert_jax.finetune import task as task_lib
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
@@ -78,6 +79,7 @@ class SingleLabelTask(task_lib.Task):
   """
   num_labels: int = 2
   regression: bool = False
+  packable = True  # one [CLS] → one label per example
 
   def batch_features(self, max_seq_length: int):
     """INPUT_KEYS [T] and "labels" [] (float32 for regression)."""
@@ -89,11 +91,12 @@ class SingleLabelTask(task_lib.Task):
                           1 if self.regression else self.num_labels)
 
   def loss_sums(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
+    weights = packing.example_weights(batch)
     if self.regression:
-      return squared_error_sums(outputs["logits"][:, 0], batch["labels"],
-                                batch["weights"])
+      return squared_error_sums(outputs["logits"][..., 0], batch["labels"],
+                                weights)
     sums = objectives.weighted_cross_entropy(
-        outputs["logits"], batch["labels"], batch["weights"])
+        outputs["logits"], batch["labels"], weights)
     return {"loss_sum": sums["loss_sum"], "correct_sum": sums["correct"]}
 
   def label_names(self) -> tuple[str, ...]:
@@ -111,10 +114,11 @@ class SingleLabelTask(task_lib.Task):
             "text_columns": list(self.text_names())}
 
   def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
-    """{"prediction": [N]}: the class id (int32) or the regression value."""
+    """{"prediction": [N] ([N, K] packed)}: the class id (int32) or the
+    regression value."""
     del batch
     if self.regression:
-      return {"prediction": outputs["logits"][:, 0]}
+      return {"prediction": outputs["logits"][..., 0]}
     return {"prediction": jnp.argmax(outputs["logits"], axis=-1).astype(
         jnp.int32)}
 

@@ -36,6 +36,7 @@ from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.finetune import batching
 from albert_jax.finetune.data_files import check_data
+from albert_jax.finetune import packing
 from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune import registry
 from albert_jax.finetune import spec as spec_lib
@@ -57,14 +58,21 @@ from albert_jax.training import step as step_lib
 log = logging.getLogger(__name__)
 
 
-def _predict_split(predict, params, split, batch_size, data_sharding):
-  """Predictions for all of a split's rows, padding dropped."""
-  batches = batching.ArrayBatches(split.features, batch_size,
+def _predict_split(predict, params, split, batch_size, data_sharding,
+                   pack: int = 0):
+  """Predictions for all of a split's rows, padding dropped, in row order;
+  with `pack`, run on packed rows and put back in the examples' order."""
+  features = packing.pack(split.features, pack) if pack else split.features
+  batches = batching.ArrayBatches(features, batch_size,
                                   sharding=data_sharding)
   parts = [jax.device_get(predict(params, b))
            for b in batches.eval_batches()]
-  return {k: np.concatenate([p[k] for p in parts])[:split.num_rows]
-          for k in parts[0]}
+  rows = batches.num_rows
+  preds = {k: np.concatenate([p[k] for p in parts])[:rows] for k in parts[0]}
+  if pack:
+    preds = packing.unpack(preds, features[packing.SLOT_INDEX],
+                           split.num_rows)
+  return preds
 
 
 def _majority_label(split) -> int | None:
@@ -98,6 +106,7 @@ class _Setup:
   train_split: Split
   eval_splits: list[Split]
   spec: spec_lib.FineTuneSpec  # the model trained, built once
+  pack: int = 0  # examples per row (`config.data.pack`; 0: one)
 
   @property
   def best_key(self) -> str:
@@ -183,6 +192,8 @@ def _setup(config) -> _Setup:
   model_config, encoder, tokenizer = start_lib.encoder_start(config)
   lm_weight = start_lib.lm_aux_weight(config, model_config)
   seq_len = config.data.max_seq_length
+  pack = packing.check_pack(config.data.get("pack", 0))
+  spec_lib.check_pack(task, pack, lm_weight > 0)  # before reading the data
   train_split = task.load(task.train_split, tokenizer, seq_len)
   eval_splits = [task.load(s, tokenizer, seq_len) for s in task.eval_splits]
   log.info("%s: %d training rows; eval %s.", task.name, train_split.num_rows,
@@ -190,7 +201,7 @@ def _setup(config) -> _Setup:
   return _Setup(task, model_config, encoder, tokenizer, lm_weight, seq_len,
                 train_split, eval_splits,
                 spec_lib.for_task(task, model_config, seq_len,
-                                  lm_head=lm_weight > 0))
+                                  lm_head=lm_weight > 0, pack=pack), pack)
 
 
 def _start_state(config, workdir: str, setup: _Setup, mesh, rules):
@@ -239,7 +250,7 @@ def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
     out = {}
     for split in setup.eval_splits:
       preds = _predict_split(predict, st["params"], split, eval_batch,
-                             data_sharding)
+                             data_sharding, setup.pack)
       metrics = setup.task.evaluate(preds, split)
       prefix = setup.metric_prefix(split.name)
       out.update({f"{prefix}{k}": float(v) for k, v in metrics.items()})
@@ -252,9 +263,16 @@ def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
   """The training loop (`loop.fit`) from `start` to
   `config.num_train_steps`, over shuffled training batches."""
   start_step = start.step
+  features = setup.train_split.features
+  if setup.pack:
+    features = packing.pack(features, setup.pack)
+    log.info("Packed %d training examples into %d rows of up to %d: "
+             "padding %.1f%% of positions (%.1f%% one per row).",
+             setup.train_split.num_rows, len(features["input_ids"]),
+             setup.pack, 100 * packing.padding_fraction(features),
+             100 * packing.padding_fraction(setup.train_split.features))
   train_batches = batching.ArrayBatches(
-      setup.train_split.features, config.batch_size, sharding=data_sharding,
-      seed=config.seed)
+      features, config.batch_size, sharding=data_sharding, seed=config.seed)
   return loop.fit(
       config, state=start.state, train_step=train, mngr=start.mngr,
       workdir=workdir, batches=train_batches.iterate(
@@ -297,7 +315,8 @@ def _best_predictions(setup: _Setup, predict, params, eval_batch: int,
   for name in names:
     split = next((s for s in setup.eval_splits if s.name == name), None) or (
         task.load(name, setup.tokenizer, setup.seq_len))
-    preds = _predict_split(predict, params, split, eval_batch, data_sharding)
+    preds = _predict_split(predict, params, split, eval_batch, data_sharding,
+                           setup.pack)
     if split.has_labels:
       prefix = setup.metric_prefix(name)
       best_eval.update({f"{prefix}{k}": float(v)

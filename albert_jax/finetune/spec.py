@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from albert_jax.finetune import packing
 from albert_jax.finetune.task import FineTuneModel
 from albert_jax.finetune.task import Task
 from albert_jax.model import flops as flops_lib
@@ -113,8 +114,39 @@ class FineTuneSpec:
     return ("lm",) if self.lm_head else ()
 
 
+def check_pack(task: Task, pack: int, lm_head: bool) -> None:
+  """Refuses `pack` > 0 where rows cannot hold several examples.
+
+  Raises:
+    ValueError: a task whose rows are not single examples read through one
+      [CLS], or the next-token head (its targets would cross examples).
+  """
+  if not pack:
+    return
+  if not task.packable:
+    raise ValueError(
+        f"config.data.pack={pack}: task {task.name!r} does not pack (only "
+        "classification and regression, whose rows are single examples "
+        "read through one [CLS], do); set --config.data.pack=0.")
+  if lm_head:
+    raise ValueError(
+        f"config.data.pack={pack} with config.lm_aux_weight > 0: the "
+        "next-token loss would predict across packed examples; set one of "
+        "them to 0.")
+
+
 def for_task(task: Task, model_config: ModelConfig, max_seq_length: int,
-             lm_head: bool = False) -> FineTuneSpec:
-  """The spec of fine-tuning `model_config`'s encoder on `task`."""
+             lm_head: bool = False, pack: int = 0) -> FineTuneSpec:
+  """The spec of fine-tuning `model_config`'s encoder on `task`, with up to
+  `pack` examples a row (`finetune.packing`; 0: one).
+
+  Raises:
+    ValueError: `pack` for a task whose rows cannot hold several examples,
+      or with the next-token head (its targets would cross examples).
+  """
+  features = task.batch_features(max_seq_length)
+  if pack:
+    check_pack(task, pack, lm_head)
+    features = packing.packed_features(features, pack)
   return FineTuneSpec(model_config, task.head(model_config), lm_head,
-                      task.batch_features(max_seq_length))
+                      features)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax.finetune import packing
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
@@ -77,6 +78,9 @@ class Task(abc.ABC):
   """
   name: str
   metric: str
+  # Whether rows can hold several examples (`config.data.pack`): the head
+  # and losses read [N, K, ...] per-example outputs (`finetune.packing`).
+  packable: bool = False
   train_split: str = "train"
   eval_splits: tuple[str, ...] = ("validation",)
   predict_splits: tuple[str, ...] = ()
@@ -162,18 +166,23 @@ class FineTuneModel(nn.Module):
 
   @nn.compact
   def __call__(self, batch: dict, deterministic: bool = True) -> dict:
-    """batch: INPUT_KEYS [N, T] or [N, C, T] (+ labels) → head outputs, plus
+    """batch: INPUT_KEYS [N, T] or [N, C, T] (+ labels; a packed batch also
+    "position_ids" [N, T] and "cls_positions" [N, K]) → head outputs, plus
     with `lm_head` "lm_logits" [N(, C), T, V] (position t scoring token
     t + 1)."""
     ids = batch["input_ids"]
     lead, length = ids.shape[:-1], ids.shape[-1]
     flat = {k: batch[k].reshape((-1, length)) for k in INPUT_KEYS}
+    # A packed row (`finetune.packing`): its examples' own positions and
+    # [CLS]es; the pooled output is then [N, K, H], one per example.
+    packed = {k: batch[k] for k in (packing.POSITIONS, packing.CLS)
+              if k in batch}
     encoded = albert_lib.Albert(self.config, pooler=True,
                             heads=("lm",) if self.lm_head else (),
                             name="albert")(
                                 flat["input_ids"], flat["token_type_ids"],
                                 flat["attention_mask"],
-                                deterministic=deterministic)
+                                deterministic=deterministic, **packed)
     encoded = {k: v.reshape(lead + v.shape[1:]) for k, v in encoded.items()}
     lm_logits = encoded.pop("lm_logits", None)
     out = self.head(encoded, batch, deterministic)
@@ -252,7 +261,8 @@ class TaskObjective:
     outputs = self.outputs(params, batch, rng, deterministic)
     sums = self.task.loss_sums(outputs, batch)
     out = {f"task_{k}": v for k, v in sums.items()}
-    out["task_count"] = jnp.sum(batch["weights"].astype(jnp.float32))
+    out["task_count"] = jnp.sum(packing.example_weights(batch))
+    out.update(objectives.padding_sums(batch["attention_mask"]))
     if self.lm_aux_weight > 0:
       lm = lm_aux_sums(outputs["lm_logits"], batch)
       out.update(lm)
@@ -260,8 +270,8 @@ class TaskObjective:
     return out
 
   def denominators(self, batch: dict) -> dict[str, jax.Array]:
-    dens = {"task": jnp.maximum(
-        jnp.sum(batch["weights"].astype(jnp.float32)), 1.0)}
+    dens = {"task": jnp.maximum(jnp.sum(packing.example_weights(batch)),
+                                1.0)}
     if self.lm_aux_weight > 0:
       dens["lm_aux"] = jnp.maximum(jnp.sum(lm_aux_targets(batch)[1]), 1.0)
     return dens
@@ -270,6 +280,8 @@ class TaskObjective:
     inner = {k[len("task_"):]: v for k, v in sums.items()
              if k.startswith("task_") and k != "task_count"}
     out = dict(self.task.train_metrics(inner, sums["task_count"]))
+    out.update(objectives.padding_metrics(sums))
+    out["examples"] = sums["task_count"]  # real examples in the batch
     if self.lm_aux_weight > 0:
       count = jnp.maximum(sums["lm_count"], 1.0)
       out["lm_loss"] = sums["lm_loss_sum"] / count

@@ -107,6 +107,7 @@ def finetune_model_config(config) -> ModelConfig:
 
 def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The fine-tuning step of `config.data.task` on the starting model."""
+  from albert_jax.finetune import packing  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import start as finetune_start  # pylint: disable=g-import-not-at-top
@@ -115,8 +116,9 @@ def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
                           stand_in_16bit)
   task = registry.make_task(config.data.task, config.data)
   lm_weight = finetune_start.lm_aux_weight(config, cfg)
-  spec = spec_lib.for_task(task, cfg, config.data.max_seq_length,
-                           lm_head=lm_weight > 0)
+  spec = spec_lib.for_task(
+      task, cfg, config.data.max_seq_length, lm_head=lm_weight > 0,
+      pack=packing.check_pack(config.data.get("pack", 0)))
   return Target(f"finetune {task.name}", cfg, spec.init_params,
                 TaskObjective(spec.model, task, lm_weight),
                 spec.batch_schema(config.batch_size),

@@ -367,6 +367,8 @@ class _Fit:
     dt = (now - self.t_last) / max(done - self.s_last, 1)
     self.t_last, self.s_last = now, done
     m["seq_per_sec"] = config.batch_size / dt
+    if "examples" in m:  # a fine-tuning batch's real examples (packed rows
+      m["examples_per_sec"] = m["examples"] / dt  # hold several each)
     m["tokens_per_sec"] = config.batch_size * self.tokens_per_sequence / dt
     # The objective's padding_fraction (from the batch): only real tokens
     # are useful work, so MFU counts their share of the step's FLOPs.

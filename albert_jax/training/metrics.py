@@ -226,7 +226,8 @@ class Progress:
     filled = int(width * step / max(self.total, 1))
     bar = "█" * filled + "·" * (width - filled)
     parts = [f"{step}/{self.total} {bar}", f"{rate:.2f} it/s"]
-    for key in ("seq_per_sec", "real_tokens_per_sec", "padding_fraction",
+    for key in ("seq_per_sec", "examples_per_sec", "real_tokens_per_sec",
+                "padding_fraction",
                 "loss", "mlm_accuracy", "sop_accuracy"):
       if key in info and info[key] is not None:
         parts.append(f"{key.replace('_per_sec', '/s')} {info[key]:.3g}")

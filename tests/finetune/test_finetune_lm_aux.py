@@ -199,11 +199,14 @@ def test_zero_weight_is_exactly_the_task_loss(causal_setup, fast_compile):
     return jax.jit(lambda p, b: objective.sums(p, b, None, True),
                    compiler_options=fast_compile)(params, batch)
   old_sums, new_sums = run(old), run(new)
-  assert set(new_sums) == set(old_sums) == {"task_loss_sum", "task_count"}
+  # The task's sums, plus the batch's token counts (its padding share).
+  assert set(new_sums) == set(old_sums) == {
+      "task_loss_sum", "task_count", "real_tokens", "tokens"}
   for k in old_sums:
     np.testing.assert_array_equal(new_sums[k], old_sums[k])
   assert set(new.denominators(batch)) == {"task"}
-  assert set(new.metrics(new_sums)) == {"loss"}
+  assert set(new.metrics(new_sums)) == {"loss", "padding_fraction",
+                                        "examples"}
   with pytest.raises(ValueError, match="lm_head=True"):
     task_lib.TaskObjective(plain, task, LAMBDA)
   with pytest.raises(ValueError, match=">= 0"):

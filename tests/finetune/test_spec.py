@@ -140,10 +140,12 @@ def test_batch_schema_and_flops(files, tiny_tokenizer):
   assert spec.attention_flops_per_step(8) == 3 * 24 * attention
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_compile_only_compiles_each_task_family(files, kind, tiny_spm,
+@pytest.mark.parametrize("kind, pack", [(k, 0) for k in KINDS]
+                         + [("classification", 4)])
+def test_compile_only_compiles_each_task_family(files, kind, pack, tiny_spm,
                                                 tiny_tokenizer):
   name, data = files[kind]
+  data = {**data, "pack": pack}
   c = config_lib.finetune_config(name, learning_rate=1e-3, batch_size=4,
                                  num_train_steps=2, warmup_steps=1,
                                  max_seq_length=SEQ, dropout=0.0)
@@ -156,7 +158,10 @@ def test_compile_only_compiles_each_task_family(files, kind, tiny_spm,
   built = compile_only.compile_train_step(c)
   task = _task(files, kind)
   spec = spec_lib.for_task(task, _model_config(tiny_tokenizer.vocab_size),
-                           SEQ)
+                           SEQ, pack=pack)
+  if pack:  # rows of up to 4 examples: one label and [CLS] per slot
+    assert spec.batch_schema(4)["labels"] == ((4, 4), np.int32)
+    assert spec.batch_schema(4)["cls_positions"] == ((4, 4), np.int32)
   assert built.target.name == f"finetune {task.name}"
   assert built.target.flops_per_step == spec.flops_per_step(4)
   assert {k: tuple(v.shape) for k, v in built.batch.items()} == {

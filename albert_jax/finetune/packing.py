@@ -1,0 +1,172 @@
+"""Padding-free fine-tuning: several examples in one row (`config.data.pack`).
+
+A fine-tuning row padded to `max_seq_length` is mostly padding when the
+texts are short (the bundled corpus-source task: about 30 of 128 positions
+are text). `pack` puts up to K right-padded examples side by side in one
+row, each keeping its own [CLS], positions (restarting at 0), token types
+and segment id (1..K in "attention_mask": a token attends only to its own
+example, `albert_jax.ops.attention`); "cls_positions" [K] tells the model
+where each example's [CLS] is, so the pooler and the head give one output
+per example ([R, K, ...]). Per-example features (labels) become [R, K]
+slots; "slot_weights" [R, K] is 1 for a filled slot and "slot_index"
+[R, K] names the example a slot holds (-1: empty), which `unpack` uses to
+put the predictions back in the examples' order.
+
+Rows are filled first-fit, in the examples' order, over a window of the
+last `OPEN_ROWS` rows still open: deterministic, about as tight as
+first-fit-decreasing on short texts, and linear in the number of examples.
+A packed batch's loss is the mean over its real examples, as an unpacked
+batch's is; `example_weights` gives the weights every sum uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Input features: [T] per example, concatenated into rows.
+TOKEN_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+# What packing adds to a row.
+POSITIONS, CLS, SLOT_WEIGHTS, SLOT_INDEX = (
+    "position_ids", "cls_positions", "slot_weights", "slot_index")
+# Rows still considered for an example (first-fit over a window).
+OPEN_ROWS = 64
+MAX_PER_ROW = 255
+
+
+def check_pack(pack: Any) -> int:
+  """`config.data.pack` as K (0: one example per row).
+
+  Raises:
+    ValueError: not 0 or a whole number in [2, MAX_PER_ROW].
+  """
+  if isinstance(pack, bool) or not isinstance(pack, int) or not (
+      pack == 0 or 2 <= pack <= MAX_PER_ROW):
+    raise ValueError(
+        f"config.data.pack={pack!r} must be 0 (one example per row) or K in "
+        f"[2, {MAX_PER_ROW}] examples per row, e.g. --config.data.pack=8.")
+  return pack
+
+
+def packed_features(features: dict[str, tuple[tuple[int, ...], Any]],
+                    per_row: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """A task's per-row feature schema (`Task.batch_features`) packed K to a
+  row: [T] token features stay [T], per-example features gain a leading
+  [K], and the packing features are added."""
+  length = features["input_ids"][0]
+  if len(length) != 1:
+    raise ValueError("Only rows of one sequence pack; multiple-choice rows "
+                     f"({features['input_ids'][0][:-1]} sequences) do not.")
+  (t,) = length
+  out = {}
+  for name, (shape, dtype) in features.items():
+    out[name] = (shape, dtype) if name in TOKEN_KEYS else (
+        (per_row,) + tuple(shape), dtype)
+  out[POSITIONS] = ((t,), np.int32)
+  out[CLS] = ((per_row,), np.int32)
+  out[SLOT_WEIGHTS] = ((per_row,), np.float32)
+  out[SLOT_INDEX] = ((per_row,), np.int32)
+  return out
+
+
+def _assign(lengths: np.ndarray, t: int, per_row: int
+            ) -> list[list[int]]:
+  """Examples (by index) of each row: first fit over the open rows."""
+  rows: list[list[int]] = []
+  free: list[int] = []  # positions left in each row
+  start = 0  # rows before this are closed
+  for i, n in enumerate(lengths.tolist()):
+    for r in range(start, len(rows)):
+      if free[r] >= n and len(rows[r]) < per_row:
+        rows[r].append(i)
+        free[r] -= n
+        break
+    else:
+      rows.append([i])
+      free.append(t - n)
+      start = max(start, len(rows) - OPEN_ROWS)
+  return rows
+
+
+def pack(features: dict[str, np.ndarray], per_row: int
+         ) -> dict[str, np.ndarray]:
+  """N right-padded examples → R rows of up to `per_row` examples.
+
+  Args:
+    features: TOKEN_KEYS [N, T] ("attention_mask" 1 on an example's
+      tokens, 0 on padding) and per-example features [N, ...].
+    per_row: K, at most this many examples in a row.
+
+  Returns:
+    TOKEN_KEYS [R, T] ("attention_mask" the slot's segment id 1..K, 0 on
+    padding), POSITIONS [R, T], CLS / SLOT_WEIGHTS / SLOT_INDEX [R, K], and
+    every per-example feature [R, K, ...] (zeros in empty slots).
+  """
+  mask = np.asarray(features["attention_mask"])
+  n, t = mask.shape
+  lengths = mask.astype(bool).sum(axis=1)
+  rows = _assign(lengths, t, per_row)
+  r = len(rows)
+  out = {k: np.zeros((r, t), features[k].dtype) for k in TOKEN_KEYS}
+  # Padding keeps the tokenizer's pad id (whatever it is, segment 0 hides it).
+  padding = np.asarray(features["input_ids"])[mask == 0]
+  out["input_ids"][:] = padding[0] if padding.size else 0
+  out[POSITIONS] = np.zeros((r, t), np.int32)
+  out[CLS] = np.zeros((r, per_row), np.int32)
+  out[SLOT_WEIGHTS] = np.zeros((r, per_row), np.float32)
+  out[SLOT_INDEX] = np.full((r, per_row), -1, np.int32)
+  per_example = [k for k in features if k not in TOKEN_KEYS]
+  for k in per_example:
+    out[k] = np.zeros((r, per_row) + features[k].shape[1:], features[k].dtype)
+  for row, members in enumerate(rows):
+    at = 0
+    for slot, i in enumerate(members):
+      m = int(lengths[i])
+      out["input_ids"][row, at:at + m] = features["input_ids"][i, :m]
+      out["token_type_ids"][row, at:at + m] = features["token_type_ids"][i, :m]
+      out["attention_mask"][row, at:at + m] = slot + 1
+      out[POSITIONS][row, at:at + m] = np.arange(m)
+      out[CLS][row, slot] = at
+      out[SLOT_WEIGHTS][row, slot] = 1.0
+      out[SLOT_INDEX][row, slot] = i
+      for k in per_example:
+        out[k][row, slot] = features[k][i]
+      at += m
+  return out
+
+
+def unpack(predictions: dict[str, np.ndarray], slot_index: np.ndarray,
+           num_examples: int) -> dict[str, np.ndarray]:
+  """[R, K, ...] predictions of packed rows → [N, ...] in example order."""
+  flat = slot_index.reshape(-1)
+  filled = flat >= 0
+  order = flat[filled]
+  if np.any(np.sort(order) != np.arange(num_examples)):
+    raise ValueError(f"The packed rows hold {order.size} examples, not each "
+                     f"of the {num_examples} once.")
+  out = {}
+  for k, v in predictions.items():
+    v = np.asarray(v)
+    values = v.reshape((-1,) + v.shape[2:])[filled]
+    result = np.empty_like(values)
+    result[order] = values
+    out[k] = result
+  return out
+
+
+def example_weights(batch: dict) -> jax.Array:
+  """Each example's weight: the loop's row "weights" [N] (0 for rows that
+  pad a batch), times SLOT_WEIGHTS [N, K] in a packed batch."""
+  weights = batch["weights"].astype(jnp.float32)
+  if SLOT_WEIGHTS in batch:
+    weights = weights[:, None] * batch[SLOT_WEIGHTS].astype(jnp.float32)
+  return weights
+
+
+def padding_fraction(features: dict[str, np.ndarray]) -> float:
+  """The share of positions that are padding."""
+  mask = np.asarray(features["attention_mask"])
+  return float(1.0 - np.count_nonzero(mask) / mask.size) if mask.size else 0.0

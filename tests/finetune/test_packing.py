@@ -1,0 +1,240 @@
+"""finetune/packing.py: several examples in a row, exactly as one per row.
+
+  * `pack` by hand on a small case, and as properties (hypothesis): every
+    example exactly once, its tokens, type ids and positions intact, no row
+    over T or K, segments 1..k, `unpack` back to the examples' order;
+  * exactness: each example's logits in a packed row equal its logits alone
+    in a row (float32, XLA attention, within 1e-5), and the loss and
+    gradients of a packed batch equal the unpacked batch's; changing one
+    example's tokens changes no other example's logits;
+  * refusals: tasks that do not pack, packing with the next-token loss, bad
+    values of config.data.pack.
+"""
+
+import json
+
+import flax.linen as nn
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax import config_lib
+from albert_jax.finetune import classification
+from albert_jax.finetune import packing
+from albert_jax.finetune import registry
+from albert_jax.finetune import run as ft
+from albert_jax.finetune import spec as spec_lib
+from albert_jax.finetune.task import TaskObjective
+from albert_jax.model.config import ModelConfig
+
+T = 16
+PAD = 0
+
+
+def _examples(lengths, t=T, seed=0):
+  """Right-padded examples of these lengths, labels 0..n-1."""
+  rng = np.random.default_rng(seed)
+  n = len(lengths)
+  out = {"input_ids": np.full((n, t), PAD, np.int32),
+         "token_type_ids": np.zeros((n, t), np.int32),
+         "attention_mask": np.zeros((n, t), np.int32),
+         "labels": np.arange(n, dtype=np.int32) % 3}
+  for i, m in enumerate(lengths):
+    out["input_ids"][i, :m] = rng.integers(5, 90, m)
+    out["token_type_ids"][i, m // 2:m] = 1
+    out["attention_mask"][i, :m] = 1
+  return out
+
+
+def test_pack_by_hand():
+  ex = _examples([5, 9, 3, 7, 16])
+  p = packing.pack(ex, 3)
+  # First fit: [0, 1] (14 of 16), 2 fits nowhere open... 3 tokens fit row
+  # 0? 5 + 9 + 3 = 17 > 16: a new row [2, 3] (10), then 16 alone.
+  np.testing.assert_array_equal(p["slot_index"],
+                                [[0, 1, -1], [2, 3, -1], [4, -1, -1]])
+  np.testing.assert_array_equal(p["cls_positions"],
+                                [[0, 5, 0], [0, 3, 0], [0, 0, 0]])
+  np.testing.assert_array_equal(p["attention_mask"][0],
+                                [1] * 5 + [2] * 9 + [0] * 2)
+  np.testing.assert_array_equal(p["position_ids"][1],
+                                list(range(3)) + list(range(7)) + [0] * 6)
+  np.testing.assert_array_equal(p["input_ids"][0, 5:14],
+                                ex["input_ids"][1, :9])
+  np.testing.assert_array_equal(p["token_type_ids"][1, 3:10],
+                                ex["token_type_ids"][3, :7])
+  np.testing.assert_array_equal(p["labels"], [[0, 1, 0], [2, 0, 0],
+                                              [1, 0, 0]])
+  np.testing.assert_array_equal(p["slot_weights"], [[1, 1, 0], [1, 1, 0],
+                                                    [1, 0, 0]])
+  assert packing.padding_fraction(p) == pytest.approx(1 - 40 / 48)
+  assert packing.padding_fraction(ex) == pytest.approx(1 - 40 / 80)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    lengths=st.lists(st.integers(1, T), min_size=1, max_size=40),
+    per_row=st.integers(2, 6))
+def test_pack_properties(lengths, per_row):
+  ex = _examples(lengths)
+  p = packing.pack(ex, per_row)
+  index = p["slot_index"]
+  assert sorted(index[index >= 0].tolist()) == list(range(len(lengths)))
+  for r in range(len(index)):
+    members = [i for i in index[r] if i >= 0]
+    assert 1 <= len(members) <= per_row
+    assert sum(lengths[i] for i in members) <= T
+    for slot, i in enumerate(members):
+      at, m = p["cls_positions"][r, slot], lengths[i]
+      np.testing.assert_array_equal(p["input_ids"][r, at:at + m],
+                                    ex["input_ids"][i, :m])
+      np.testing.assert_array_equal(p["attention_mask"][r, at:at + m],
+                                    slot + 1)
+      np.testing.assert_array_equal(p["position_ids"][r, at:at + m],
+                                    np.arange(m))
+    assert np.count_nonzero(p["attention_mask"][r]) == sum(
+        lengths[i] for i in members)
+  # Predictions of the slots back in the examples' order.
+  fake = {"prediction": np.where(index >= 0, index * 10, -7)}
+  back = packing.unpack(fake, index, len(lengths))
+  np.testing.assert_array_equal(back["prediction"],
+                                np.arange(len(lengths)) * 10)
+
+
+@pytest.fixture(name="setup", scope="module")
+def fixture_setup(tmp_path_factory):
+  d = tmp_path_factory.mktemp("pack_task")
+  (d / "t.tsv").write_text("text\tlabel\na b\tx\nc d\ty\ne f\tz\n")
+  task = registry.make_task("files", ml_collections.ConfigDict(dict(
+      train_file=str(d / "t.tsv"), eval_file=str(d / "t.tsv"),
+      text_column="text", label_column="label")))
+  cfg = ModelConfig.from_dict({**config_lib.tiny_model(
+      vocab_size=100, max_position_embeddings=T), "dtype": "float32",
+                               "attention_impl": "xla"})
+  return task, cfg
+
+
+def test_packed_rows_give_each_example_its_own_outputs_loss_and_grads(
+    setup, fast_compile):
+  task, cfg = setup
+  lengths = [5, 9, 3, 7, 16, 2, 4]
+  ex = _examples(lengths, seed=1)
+  ex["weights"] = np.ones(len(lengths), np.float32)
+  packed = packing.pack({k: v for k, v in ex.items() if k != "weights"}, 4)
+  packed["weights"] = np.ones(len(packed["input_ids"]), np.float32)
+  one = spec_lib.for_task(task, cfg, T)
+  many = spec_lib.for_task(task, cfg, T, pack=4)
+  params = nn.meta.unbox(jax.jit(one.init_params,
+                                 compiler_options=fast_compile)(
+                                     jax.random.key(3)))
+  # The packed model's parameters are the same tree: one model, two layouts.
+  assert (jax.tree.map(np.shape, many.abstract_params())
+          == jax.tree.map(np.shape, params))
+  apply = jax.jit(lambda m, b: m.apply({"params": params}, b),
+                  static_argnums=0, compiler_options=fast_compile)
+  alone = np.asarray(apply(one.model, ex)["logits"])  # [N, C]
+  together = np.asarray(apply(many.model, packed)["logits"])  # [R, K, C]
+  back = packing.unpack({"logits": together}, packed["slot_index"],
+                        len(lengths))["logits"]
+  np.testing.assert_allclose(back, alone, atol=1e-5, rtol=1e-5)
+
+  def loss(model, batch):
+    def f(p):
+      objective = TaskObjective(model, task)
+      sums = objective.sums(p, batch, None, True)
+      return sums["task_loss_sum"] / objective.denominators(batch)["task"]
+    return jax.value_and_grad(f)(params)
+  l1, g1 = jax.jit(lambda b: loss(one.model, b),
+                   compiler_options=fast_compile)(ex)
+  l2, g2 = jax.jit(lambda b: loss(many.model, b),
+                   compiler_options=fast_compile)(packed)
+  np.testing.assert_allclose(l2, l1, atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5,
+                               rtol=1e-4)
+
+  # No example sees another: change example 1's tokens (row 0, slot 1) and
+  # every other example's logits stay as they were.
+  changed = {k: v.copy() for k, v in packed.items()}
+  at = changed["cls_positions"][0, 1]
+  changed["input_ids"][0, at + 1:at + 9] = 7
+  other = packing.unpack(
+      {"logits": np.asarray(apply(many.model, changed)["logits"])},
+      packed["slot_index"], len(lengths))["logits"]
+  keep = np.arange(len(lengths)) != 1
+  np.testing.assert_allclose(other[keep], back[keep], atol=1e-6)
+  assert not np.allclose(other[1], back[1])
+
+
+def test_refusals(setup, tmp_path):
+  task, cfg = setup
+  with pytest.raises(ValueError, match=r"^config\.data\.pack=4 with config"
+                     r"\.lm_aux_weight > 0"):
+    spec_lib.for_task(task, cfg, T, lm_head=True, pack=4)
+  (tmp_path / "n.txt").write_text("EU NNP B-NP B-ORG\nsays VBZ B-VP O\n\n")
+  ner = registry.make_task("ner/files", ml_collections.ConfigDict(dict(
+      train_file=str(tmp_path / "n.txt"), eval_file=str(tmp_path / "n.txt"))))
+  with pytest.raises(ValueError, match=r"task 'ner/files' does not pack"):
+    spec_lib.check_pack(ner, 4, False)
+  for bad in (1, -2, 256, 2.5, True):
+    with pytest.raises(ValueError, match=r"must be 0 \(one example per row\)"):
+      packing.check_pack(bad)
+  assert packing.check_pack(0) == 0 and packing.check_pack(8) == 8
+  assert classification.SingleLabelTask.packable
+
+
+WORDS = ("alpha", "beta", "gamma", "delta", "red", "green", "blue", "one",
+         "two", "three")
+
+
+def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
+    tmp_path, tiny_spm):
+  """The files task fine-tuned with data.pack=4 and without: the packed
+  run's batches are mostly text (its own metrics say so), it reports real
+  examples per second, and its prediction files list the eval rows in
+  their order, as the unpacked run's do."""
+  rng = np.random.default_rng(0)
+  rows = [(" ".join(rng.choice(WORDS, rng.integers(2, 6))), "ab"[i % 2])
+          for i in range(40)]
+  for name, part in (("train", rows[:32]), ("eval", rows[32:])):
+    (tmp_path / f"{name}.tsv").write_text(
+        "text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in part))
+
+  def run(pack):
+    c = config_lib.finetune_config(
+        "files", learning_rate=1e-3, batch_size=4, num_train_steps=4,
+        warmup_steps=1, max_seq_length=32, dropout=0.0)
+    for k, v in config_lib.tiny_model(vocab_size=300,
+                                      max_position_embeddings=32).items():
+      c.model[k] = v
+    c.data.tokenizer = tiny_spm
+    c.data.update(train_file=str(tmp_path / "train.tsv"),
+                  eval_file=str(tmp_path / "eval.tsv"),
+                  text_column="text", label_column="label", pack=pack)
+    c.log_every_steps = c.eval_every_steps = c.checkpoint_every_steps = 2
+    c.async_checkpoints = False
+    c.fast_compile = True
+    work = tmp_path / f"work{pack}"
+    result = ft.run(c, str(work))
+    lines = [json.loads(l) for l in (work / "tensorboard" / "metrics.jsonl").read_text(
+        ).splitlines()]
+    train = [l for l in lines if "train/padding_fraction" in l]
+    preds = sorted((work / "predictions").glob("*eval*"))
+    return result, train[-1], preds[0].read_text().splitlines()
+
+  one, one_train, one_preds = run(0)
+  many, many_train, many_preds = run(4)
+  assert one_train["train/padding_fraction"] > 0.5  # 2-5 words of 32
+  assert many_train["train/padding_fraction"] < 0.3
+  # Rows of up to 4 examples: more examples a step than rows.
+  assert many_train["train/examples"] > 4 == one_train["train/examples"]
+  assert many_train["train/examples_per_sec"] > 0
+  assert len(many_preds) == len(one_preds) == 9  # a header and 8 rows
+  # Row order is the eval file's: row numbers and gold labels line for line.
+  assert [l.split("\t")[0::2] for l in many_preds] == [
+      l.split("\t")[0::2] for l in one_preds]
+  assert "eval_accuracy" in many and "eval_accuracy" in one
