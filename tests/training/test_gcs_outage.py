@@ -13,8 +13,9 @@ emulator is stopped (SIGKILL: connections refused) twice, each time for
      up after 6 tries, about 31 s, anyway). The upload is in flight when
      the emulator stops if the hook says so ("a save in flight: True",
      always so on the 2-core test host); then its retries must be logged;
-  2. just before the final save (step 12), which starts into the outage,
-     and the run's last writes (the final commit, goodput, the lease).
+  2. just before the final save (step 12), once the commit of step 9 is
+     done, so that the save starts into the outage, and the run's last
+     writes (the final commit, goodput, the lease).
 
 The data is read from the bucket meanwhile. Retry waits are scaled down
 (0.2 s to 1 s, deadline 60 s). The run must finish with exit 0; then the
@@ -64,6 +65,9 @@ def _outage(mngr, step):
 def _save(mngr, state, meta, **kwargs):
   step = int(jax.device_get(state["step"]))
   if _at.get(str(step)) == "before":
+    # The previous commit first: else the save would wait through the
+    # outage for it and start its own writes only after it.
+    mngr.wait_until_finished()
     _outage(mngr, step)
   started = _real_save(mngr, state, meta, **kwargs)
   if _at.get(str(step)) == "after":
@@ -162,8 +166,7 @@ def test_a_run_rides_out_outages_during_checkpoint_saves(gcs, tiny_sop_dataset,
   assert "kept failing" not in first
   # Each outage met checkpoint writes, retried and logged by name: the
   # upload of step 6 still in flight when it began (the failure seen), and
-  # for the last, the final save started into it (after the commit of step
-  # 9, if that was still running, which the save waits for).
+  # for the last, the final save started into it.
   windows = first.split("HOOK: outage at the save of step ")[1:]
   assert [w.split(";")[0] for w in windows] == ["6", "12"], first
   for window in windows:
