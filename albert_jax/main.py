@@ -219,6 +219,9 @@ def _main(argv):
                          "resumes from), e.g. --workdir=/tmp/albert_run.")
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
   workdir = storage.as_str(_WORKDIR.value)  # gs://… or an absolute path
+  if not _TRACEBACK.value:  # a failed save is its one error line
+    from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+    checkpoints.hide_failed_write_reports()
   job = config.get("job", "pretrain")
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.training import config_check  # pylint: disable=g-import-not-at-top

@@ -187,15 +187,27 @@ def train_sentencepiece(
       storage.path(prefix).parent.mkdir(parents=True, exist_ok=True)
       spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
                                      model_prefix=prefix, **options)
+      _check_written(prefix)
     else:  # SentencePiece writes only local files
       name = storage.path(prefix).name
       with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(sample),
                                        model_prefix=os.path.join(tmp, name),
                                        **options)
+        _check_written(os.path.join(tmp, name))
         staging.publish(tmp, storage.path(prefix).parent,
                         last=name + ".model")
   except RuntimeError as e:
+    if _WRITE_FAILED.search(str(e)):
+      if not storage.is_remote(prefix):  # a temporary directory goes anyway
+        _remove_partial(prefix)
+      where = ("a temporary local folder" if storage.is_remote(prefix)
+               else storage.path(prefix).parent)
+      raise OSError(
+          f"Writing the SentencePiece model into {where} failed "
+          f"({str(e).split(' [')[0].strip()}): the disk is full, or the "
+          "folder is not writable. Free space there (or choose another "
+          "folder) and run again; no partial model is left.") from e
     limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it "
                       r"to a value <= (\d+)", str(e))
     if not limit:
@@ -207,6 +219,39 @@ def train_sentencepiece(
         "--vocab_size for albert_jax.text.train) or train on more text."
     ) from e
   return prefix + ".model", _stats(counts, stats, len(sample), start)
+
+
+# SentencePiece's status when writing its .model or .vocab failed (it
+# names the C++ call, not the system error).
+_WRITE_FAILED = re.compile(r"\[output->Write|\[model_proto\.Serialize|"
+                           r"Permission denied|No space left")
+
+
+def _check_written(prefix: str) -> None:
+  """Reads back the .model SentencePiece just wrote at `prefix`.
+
+  SentencePiece does not check its model's write: on a full disk it
+  returns after writing part of the file.
+
+  Raises:
+    RuntimeError: "[output->Write …] incomplete", the model does not parse.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  data = storage.path(prefix + ".model").read_bytes()
+  try:
+    spm.SentencePieceProcessor(model_proto=data)
+  except RuntimeError as e:
+    raise RuntimeError(f"{len(data)} bytes written, which do not parse "
+                       "[output->Write incomplete]") from e
+
+
+def _remove_partial(prefix: str) -> None:
+  """Deletes what a failed SentencePiece write left at `prefix`.*."""
+  for suffix in (".model", ".vocab"):
+    try:
+      storage.path(prefix + suffix).unlink()
+    except OSError:
+      pass  # never written, or already gone
 
 
 def train_bpe(files: Files, vocab_size: int = 50265, *,

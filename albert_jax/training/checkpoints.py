@@ -24,9 +24,12 @@ stored shapes with the model's and raise
 
 from __future__ import annotations
 
+import errno as errno_lib
 import logging
 import os
 import re
+import shutil
+import sys
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -49,6 +52,9 @@ class CheckpointWriteError(OSError):
   `errno` is the underlying error's, when it had one.
   """
 
+  def __str__(self) -> str:
+    return self.strerror or super().__str__()  # not "[Errno 28] Writing…"
+
 
 def _write_error(mngr: ocp.CheckpointManager, step: int | None,
                  error: BaseException) -> CheckpointWriteError:
@@ -58,8 +64,9 @@ def _write_error(mngr: ocp.CheckpointManager, step: int | None,
   except Exception:  # pylint: disable=broad-except
     intact = None  # the directory itself may be what failed
   what = f"checkpoint step {step}" if step is not None else "a checkpoint"
-  reason = (error.strerror if isinstance(error, OSError) and error.strerror
-            else f"{type(error).__name__}: {brief_error(error)}")
+  code, reason = _os_failure(error)
+  if reason is None:
+    reason = f"{type(error).__name__}: {brief_error(error)}"
   if intact:
     kept = (f"The complete checkpoints (steps {intact}) are intact and the "
             "incomplete one is never restored: a rerun resumes from step "
@@ -73,10 +80,116 @@ def _write_error(mngr: ocp.CheckpointManager, step: int | None,
     reason, fix = str(outage), ""
   message = (f"Writing {what} to {mngr.directory} failed ({reason}). "
              f"{kept}{fix}")
-  errno = getattr(error, "errno", None)
-  if errno is None:  # not "[Errno None] Writing …"
+  if code is None:  # not "[Errno None] Writing …"
     return CheckpointWriteError(message)
-  return CheckpointWriteError(errno, message)
+  return CheckpointWriteError(code, message)
+
+
+# Tensorstore (orbax's array writes) reports a failed system call in its
+# status text: `Failed writing: "PATH": Failed to write N bytes to file 17:
+# No space left on device [os_error_code='28']`.
+_TS_OS_ERROR = re.compile(r"\[os_error_code='(\d+)'\]")
+_TS_PATH = re.compile(r'(?:Failed writing: |local file )"([^"]+)"')
+
+
+def _os_failure(error: BaseException) -> tuple[int | None, str | None]:
+  """(errno, reason) of the system call that failed in `error`'s chain: an
+  OSError's, or one tensorstore reports in its text ("File too large,
+  writing PATH"); (None, None) if no system call failed."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.strerror:
+      return error.errno, error.strerror
+    code = _TS_OS_ERROR.search(str(error))
+    if code:
+      code = int(code.group(1))
+      paths = _TS_PATH.findall(str(error))
+      where = f", writing {paths[-1]}" if paths else ""
+      return code, f"{os.strerror(code)}{where}"
+    error = error.__cause__ or error.__context__
+  return None, None
+
+
+# Orbax's files beside the arrays (tree structure, shardings, JSON): tens
+# of KiB for the models here; a margin, not a measurement.
+_METADATA_BYTES = 4 * 2**20
+
+
+def _check_space(mngr: ocp.CheckpointManager, step: int,
+                 state: Mapping[str, Any]) -> None:
+  """Refuses a save that a local disk has no room for, before a byte is
+  written.
+
+  On a full disk orbax's writes fail in background threads and leave a
+  partial directory; a checkpoint's size is known beforehand (its arrays,
+  plus small metadata), so the common case fails here instead. A disk
+  that fills during the write still fails there, as CheckpointWriteError
+  too. Cloud Storage has no free space to ask.
+
+  Raises:
+    CheckpointWriteError: ENOSPC, with the sizes and what is intact.
+  """
+  directory = os.fspath(mngr.directory)
+  if storage.is_remote(directory):
+    return
+  try:
+    free = shutil.disk_usage(directory).free
+  except OSError:
+    return  # the write itself will say what is wrong
+  need = _METADATA_BYTES + sum(
+      int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(state))
+  if free < need:
+    raise _write_error(mngr, step, OSError(
+        errno_lib.ENOSPC, f"it needs about {need / 2**20:.1f} MiB and the "
+        f"disk has {free / 2**20:.1f} MiB free"))
+
+
+def hide_failed_write_reports() -> None:
+  """Keeps the reports of a failed background write off the console.
+
+  When an asynchronous save fails (a disk that fills during the write),
+  orbax's threads log the error with a traceback once per thread, asyncio
+  reports each of orbax's tasks whose error nobody retrieved, and
+  tensorstore's callbacks into the closed event loop print one more
+  traceback each: 30 tracebacks and 500 lines for one failure, which the
+  CheckpointWriteError that `save` or `wait_until_finished` raises names
+  in one line. This drops those reports only: errors logged with an
+  exception raised through orbax's code, and "Event loop is closed" raised
+  in a callback nobody can catch. The command line calls it unless
+  --traceback.
+  """
+  orbax_dir = os.path.dirname(ocp.__file__)
+
+  def through_orbax(record: logging.LogRecord) -> bool:
+    tb = record.exc_info[1].__traceback__ if record.exc_info else None
+    while tb is not None:
+      if tb.tb_frame.f_code.co_filename.startswith(orbax_dir):
+        return True
+      tb = tb.tb_next
+    return False
+
+  class _OrbaxFailures(logging.Filter):
+
+    def filter(self, record: logging.LogRecord) -> bool:
+      return record.levelno < logging.ERROR or not through_orbax(record)
+
+  # orbax logs through absl (Python logger "absl"); asyncio's "Task
+  # exception was never retrieved" through "asyncio".
+  for name in ("absl", "asyncio"):
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _OrbaxFailures) for f in logger.filters):
+      logger.addFilter(_OrbaxFailures())
+
+  previous = sys.unraisablehook
+
+  def unraisable(info):
+    if (isinstance(info.exc_value, RuntimeError)
+        and str(info.exc_value) == "Event loop is closed"):
+      return
+    previous(info)
+
+  sys.unraisablehook = unraisable
 
 
 def _cause(error: BaseException, kind: type) -> BaseException | None:
@@ -202,6 +315,9 @@ def save(mngr: ocp.CheckpointManager, state: Mapping[str, Any],
     Whether a save was started.
   """
   step = int(jax.device_get(state["step"]))
+  latest = mngr.latest_step()
+  if latest is None or step > latest:  # else orbax skips it
+    _check_space(mngr, step, state)
   return mngr.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(dict(state)),
       meta=ocp.args.JsonSave(dict(meta))),

@@ -9,6 +9,7 @@ process's JAX has one device) and restored both there, onto other meshes,
 and here, onto one CPU device.
 """
 
+import errno
 import glob
 import logging
 import os
@@ -136,6 +137,33 @@ def test_empty_workdir_restores_nothing(tiny, tmp_path):
 def _small_states(steps):
   return [{"step": jnp.int32(s), "params": {"w": jnp.full((2, 3), float(s))}}
           for s in steps]
+
+
+def test_a_save_the_disk_has_no_room_for_is_refused_before_writing(
+    tmp_path, monkeypatch):
+  mngr = save_all(tmp_path, _small_states([1]))
+  free = {"bytes": 3 * 2**20}  # under the 4 MiB margin for metadata
+  usage = shutil.disk_usage
+  monkeypatch.setattr(
+      checkpoints.shutil, "disk_usage",
+      lambda path: usage(path)._replace(free=free["bytes"]))
+  with pytest.raises(checkpoints.CheckpointWriteError) as error:
+    checkpoints.save(mngr, _small_states([2])[0], {"step": 2})
+  assert error.value.errno == errno.ENOSPC
+  assert str(error.value) == (
+      f"Writing checkpoint step 2 to {tmp_path}/checkpoints failed (it "
+      "needs about 4.0 MiB and the disk has 3.0 MiB free). The complete "
+      "checkpoints (steps [1]) are intact and the incomplete one is never "
+      "restored: a rerun resumes from step 1. Free space on that disk (or "
+      "lower config.keep_checkpoints, or choose another --workdir) and run "
+      "again.")
+  assert os.listdir(checkpoints.checkpoint_dir(tmp_path)) == ["1"]
+  # A step the manager would not save anyway is not refused.
+  assert not checkpoints.save(mngr, _small_states([1])[0], {"step": 1})
+  free["bytes"] = 5 * 2**20
+  assert checkpoints.save(mngr, _small_states([2])[0], {"step": 2})
+  mngr.wait_until_finished()
+  assert steps_on_disk(tmp_path) == [1, 2]
 
 
 def test_retention_keeps_latest_and_best(tmp_path):
