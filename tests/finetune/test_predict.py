@@ -8,8 +8,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -322,6 +324,38 @@ def test_a_prediction_cut_short_leaves_no_file_under_its_name(classifier,
                                     progress=False) == len(texts)
   assert len(gzip.decompress(out.read_bytes()).splitlines()) == len(texts)
   assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl.gz"]
+
+
+def test_a_prediction_killed_leaves_no_file_under_its_name(classifier,
+                                                          tmp_path):
+  """SIGKILL of the predict command's process group while it writes (its
+  first chunk of 1024 rows is out, four more are to come): nothing is
+  under the output's name, only the temporary file beside it."""
+  workdir, texts, _ = classifier
+  source = tmp_path / "in.tsv"
+  source.write_text("text\n" + "".join(f"{texts[i % len(texts)]}\n"
+                                       for i in range(5000)))
+  out = tmp_path / "out.jsonl"
+  proc = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-m", "albert_jax.predict", f"--model={workdir}",
+       f"--input={source}", f"--output={out}", "--batch_size=64",
+       "--no_progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, start_new_session=True)
+  try:
+    deadline = time.monotonic() + 240
+    while not any(n.endswith(".tmp") for n in os.listdir(tmp_path)):
+      assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+      assert time.monotonic() < deadline, "no temporary file appeared"
+      time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+    proc.stderr.close()
+  [partial] = [n for n in sorted(os.listdir(tmp_path)) if n != "in.tsv"]
+  assert re.fullmatch(r"out\.jsonl\.[0-9a-f]{32}\.tmp", partial), partial
 
 
 ################################################################################
