@@ -11,7 +11,9 @@
     values of config.data.pack.
 """
 
+import importlib.util
 import json
+import os
 
 import flax.linen as nn
 import hypothesis
@@ -30,6 +32,7 @@ from albert_jax.finetune import run as ft
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune.task import TaskObjective
 from albert_jax.model.config import ModelConfig
+from locations import CONFIGS
 
 T = 16
 PAD = 0
@@ -185,6 +188,23 @@ def test_refusals(setup, tmp_path):
       packing.check_pack(bad)
   assert packing.check_pack(0) == 0 and packing.check_pack(8) == 8
   assert classification.SingleLabelTask.packable
+
+
+@pytest.mark.parametrize("name", ["classify", "glue", "squad", "race", "ner",
+                                  "choice"])
+def test_every_fine_tuning_config_takes_data_pack(name):
+  """`--config.data.pack=K` (the README's) overrides a field every
+  fine-tuning config has, off by default: a locked config refuses keys it
+  lacks."""
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(CONFIGS, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.lock()
+  assert config.data.pack == 0
+  config.data.pack = 8
+  assert config.data.pack == 8
 
 
 WORDS = ("alpha", "beta", "gamma", "delta", "red", "green", "blue", "one",
