@@ -50,8 +50,8 @@ from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax.finetune import batching
 from albert_jax.finetune import classification
+from albert_jax.finetune import multiple_choice
 from albert_jax.finetune import predict_tasks
-from albert_jax.finetune import race
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune import tagging
 from albert_jax.finetune.predict_tasks import PredictError
@@ -134,7 +134,7 @@ def head_for(info: dict, cfg: ModelConfig):
     return classification.ClassifierHead(
         cfg, 1 if kind == "regression" else len(info["labels"]))
   if kind == "multiple_choice":
-    return race.MultipleChoiceHead(cfg)
+    return multiple_choice.MultipleChoiceHead(cfg)
   if kind == "question_answering":
     if info["head_kind"] == "official":
       return squad_head.AlbertV2Head(cfg, info["start_n_top"],

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from albert_jax.finetune import classification
-from albert_jax.finetune import race
+from albert_jax.finetune import multiple_choice
 from albert_jax.finetune import tagging
 from albert_jax.finetune.squad import evaluate as squad_eval
 from albert_jax.finetune.squad import task as squad_task
@@ -91,7 +91,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _choice_record(item, settings: dict) -> dict:
-  """A multiple-choice input as race.featurize's record."""
+  """A multiple-choice input as multiple_choice.featurize's record."""
   if isinstance(item, dict):
     context = item.get(settings.get("context_column") or "context",
                        item.get("context"))
@@ -125,9 +125,9 @@ def _choose(model, items, batch_size: int) -> list[dict]:
   for i, rec in enumerate(records):
     by_count.setdefault(len(rec["options"]), []).append(i)
   for indices in by_count.values():
-    features = race.featurize([records[i] for i in indices], model.tokenizer,
-                              model.max_seq_length,
-                              model.settings.get("max_qa_length", 128))
+    features = multiple_choice.featurize(
+        [records[i] for i in indices], model.tokenizer, model.max_seq_length,
+        model.settings.get("max_qa_length", 128))
     logits = model(features, batch_size)["logits"].astype(np.float64)
     for i, row, p in zip(indices, logits, _softmax(logits)):
       k = int(np.argmax(row))
