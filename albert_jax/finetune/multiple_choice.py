@@ -10,18 +10,27 @@ from its pooled [CLS] output (dropout, dense → 1); a softmax over the C
 choices gives the answer, trained with cross entropy and scored by
 accuracy. RACE (`race.py`) and the user's files (`choice.py`) differ only
 in where rows come from and which files they write (`MultipleChoiceTask`).
+The models they fine-tune are `MULTIPLE_CHOICE`: (context, endings) or
+(context, question, endings) → {"choice", "answer", "probabilities",
+"logits"}.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax.finetune import task_type as task_type_lib
 from albert_jax.finetune.task import INPUT_KEYS
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
+from albert_jax.finetune.task_type import PredictError
+from albert_jax.interop import hf_task_heads
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
@@ -141,3 +150,95 @@ class MultipleChoiceTask(Task):
   def describe(self) -> dict:
     return {"task_type": "multiple_choice", "labels": None,
             "max_qa_length": self.max_qa_length}
+
+
+def _record(item, settings: dict) -> dict:
+  """A multiple-choice input as `featurize`'s record."""
+  if isinstance(item, dict):
+    context = item.get(settings.get("context_column") or "context",
+                       item.get("context"))
+    question = item.get(settings.get("question_column") or "question", "")
+    choices = item.get("choices")
+    if choices is None and settings.get("choice_columns"):
+      choices = [item.get(c) for c in settings["choice_columns"]]
+    if choices is None and settings.get("choices_column"):
+      choices = item.get(settings["choices_column"])
+  elif isinstance(item, tuple) and len(item) in (2, 3):
+    context, question, choices = (item[0], "", item[1]) if len(item) == 2 \
+        else item
+  else:
+    context = question = choices = None
+  if (not isinstance(context, str) or not isinstance(question or "", str)
+      or not isinstance(choices, (list, tuple)) or len(choices) < 2
+      or not all(isinstance(c, str) for c in choices)):
+    raise PredictError(
+        "A multiple-choice input is (context, [choice, ...]), (context, "
+        "question, [choice, ...]) or a dict with 'context', 'choices' and "
+        f"optionally 'question'; two or more choices. Got {item!r}.")
+  return {"article": context, "question": question or "",
+          "options": list(choices), "label": -1}
+
+
+class MultipleChoiceType(task_type_lib.TaskType):
+  """A fine-tuned multiple-choice model: `MultipleChoiceHead` on C choices.
+
+  Its task.json: "max_qa_length" and, from choice/files, the columns it
+  was trained on ("context_column", "question_column", "choice_columns" or
+  "choices_column").
+  """
+  name = "multiple_choice"
+
+  def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
+    return MultipleChoiceHead(cfg)
+
+  def features(self, max_seq_length: int):
+    """INPUT_KEYS [2, T]: the parameters do not depend on how many
+    choices."""
+    return {k: ((2, max_seq_length), np.int32) for k in INPUT_KEYS}
+
+  def predict(self, model, items: list, batch_size: int) -> list[dict]:
+    records = [_record(item, model.settings) for item in items]
+    out: list[dict | None] = [None] * len(records)
+    # Rows with the same number of choices share one [N, C, T] array.
+    by_count: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+      by_count.setdefault(len(rec["options"]), []).append(i)
+    for indices in by_count.values():
+      features = featurize(
+          [records[i] for i in indices], model.tokenizer,
+          model.max_seq_length, model.settings.get("max_qa_length", 128))
+      logits = model(features, batch_size)["logits"].astype(np.float64)
+      for i, row, p in zip(indices, logits, task_type_lib.softmax(logits)):
+        k = int(np.argmax(row))
+        out[i] = {"choice": k, "answer": records[i]["options"][k],
+                  "probabilities": [float(x) for x in p],
+                  "logits": [float(x) for x in row]}
+    return out
+
+  def file_input(self, row: dict, settings: dict,
+                 columns: Sequence[str] | None):
+    """The context and the endings from `columns` (context first), else
+    the row, its "choices" decoded where a CSV/TSV holds them as JSON."""
+    if columns:
+      return {"context": row.get(columns[0]),
+              "choices": [row.get(c) for c in columns[1:]]}
+    if isinstance(row.get("choices"), str):
+      try:
+        return {**row, "choices": json.loads(row["choices"])}
+      except json.JSONDecodeError as e:
+        raise PredictError(str(e)) from None
+    return row
+
+  def head_to_hf(self, params: dict, model_type: str
+                 ) -> dict[str, np.ndarray]:
+    return hf_task_heads.linear("classifier", params["head"]["output"])
+
+  def head_from_hf(self, state: dict[str, np.ndarray],
+                   model_type: str) -> dict:
+    return {"output": hf_task_heads.take(state, "classifier")}
+
+  def imported_settings(self) -> dict:
+    return {"max_qa_length": 64}
+
+
+MULTIPLE_CHOICE = MultipleChoiceType()
