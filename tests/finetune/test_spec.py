@@ -147,6 +147,15 @@ def test_a_tfds_task_records_the_model_it_trains(files, kind):
                           spec.abstract_params()))
 
 
+def test_every_task_type_is_registered_under_its_name():
+  for name in registry.TASK_TYPES:
+    assert registry.task_type(name).name == name
+  with pytest.raises(predict_lib.PredictError, match=(
+      r"^Unknown task_type 'tagging' in task\.json; this version of "
+      r"albert_jax predicts \('classification', ")):
+    registry.task_type("tagging")
+
+
 def test_batch_schema_and_flops(files, tiny_tokenizer):
   task = _task(files, "multiple_choice")
   cfg = _model_config(tiny_tokenizer.vocab_size)
