@@ -6,8 +6,8 @@ one. Choice j is `[CLS] context [SEP] qa_j [SEP]`, qa_j the question with
 its "_" blank filled by ending j, or question and ending joined by a space,
 or the ending alone without a question; qa_j keeps its last
 `max_qa_length` tokens and the context is cut to fit, as RACE
-(`albert_jax.finetune.race`, whose featurization, head and loss this task
-shares). A softmax over the N choice logits gives the answer; metric
+(`albert_jax.finetune.multiple_choice` holds the featurization, head, loss
+and accuracy both share). A softmax over the N choice logits gives the answer; metric
 accuracy.
 
 `make_task("choice/files", data)` reads these `config.data` keys:
@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune import race
+from albert_jax.finetune import multiple_choice
 from albert_jax.finetune import tabular
 from albert_jax.finetune.task import Split
-from albert_jax.finetune.task import Task
-from albert_jax.training import objectives
 
 
-class ChoiceFilesTask(Task):
-  """SWAG-style multiple choice from the user's files."""
+class ChoiceFilesTask(multiple_choice.MultipleChoiceTask):
+  """SWAG-style multiple choice from the user's files; `num_choices` is
+  their number of endings."""
   name = "choice/files"
-  metric = "accuracy"
   train_split = "train"
   eval_splits = ("eval",)
 
@@ -117,32 +113,10 @@ class ChoiceFilesTask(Task):
       raise ValueError(f"choice/files has no split {split!r}; choose one of "
                        f"{tuple(self._records)}.")
     records = self._records[split]
-    features = race.featurize(records, tokenizer, max_seq_length,
-                              self.max_qa_length)
+    features = multiple_choice.featurize(records, tokenizer,
+                                         max_seq_length, self.max_qa_length)
     return Split(name=split, features=features,
                  has_labels=bool(records) and records[0]["label"] >= 0)
-
-  def batch_features(self, max_seq_length: int):
-    """INPUT_KEYS [C, T], C the files' number of endings, and "label"."""
-    return race.choice_features(self.num_choices, max_seq_length)
-
-  def head(self, model_config):
-    return race.MultipleChoiceHead(model_config)
-
-  def loss_sums(self, outputs: dict, batch: dict) -> dict:
-    sums = objectives.weighted_cross_entropy(
-        outputs["logits"], batch["label"], batch["weights"])
-    return {"loss_sum": sums["loss_sum"], "correct_sum": sums["correct"]}
-
-  def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
-    logits = outputs["logits"]
-    return {"logits": logits,
-            "prediction": jnp.argmax(logits, axis=-1).astype(jnp.int32)}
-
-  def evaluate(self, predictions: dict, split: Split) -> dict[str, float]:
-    correct = (np.asarray(predictions["prediction"])
-               == split.features["label"])
-    return {"accuracy": float(np.mean(correct))}
 
   def write_predictions(self, predictions: dict, split: Split,
                         directory: str) -> list[str]:
@@ -158,8 +132,7 @@ class ChoiceFilesTask(Task):
     return [os.fspath(path)]
 
   def describe(self) -> dict:
-    return {"task_type": "multiple_choice", "labels": None,
-            "max_qa_length": self.max_qa_length,
+    return {**super().describe(),
             "context_column": self.context_column,
             "question_column": self.question_column,
             "choice_columns": (list(self.choice_columns)

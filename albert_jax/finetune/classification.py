@@ -1,9 +1,12 @@
 """One label per row: the classification/regression head and what it shares.
 
-GLUE (`glue.py`) and the user's own files (`files.py`) differ only in where
-rows come from, how they are scored and which files they write. The head,
-its losses, the per-row predictions and the `[CLS] a [SEP] b [SEP]`
-featurization are the same and live here.
+GLUE (`glue.py`) and the user's own files (`file_task.py`) differ only in
+where rows come from, how they are scored and which files they write. The
+head, its losses, the per-row predictions and the `[CLS] a [SEP] b [SEP]`
+featurization are the same and live here, as do the task types of the
+models they fine-tune (`CLASSIFICATION`, `REGRESSION`): a text or a
+(text, text) pair → {"label", "probability", "probabilities", "logits"} or
+{"score"}.
 
 The head follows the official `run_classifier.py`: dropout on the pooled
 [CLS] output, then one dense layer to the logits (one output for
@@ -24,6 +27,9 @@ import numpy as np
 
 from albert_jax.finetune import packing
 from albert_jax.finetune import task as task_lib
+from albert_jax.finetune import task_type as task_type_lib
+from albert_jax.finetune.task_type import PredictError
+from albert_jax.interop import hf_task_heads
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
@@ -178,3 +184,118 @@ def encode_texts(tokenizer, texts_a: Sequence[str],
     log.info("%d of %d rows fill all %d positions (texts truncated "
              "longest-first).", full, n, max_seq_length)
   return out
+
+
+def _texts(item, columns: Sequence[str]) -> tuple[str, str | None]:
+  """(text, second text or None) of a classification input."""
+  if isinstance(item, str):
+    return item, None
+  if isinstance(item, dict):
+    missing = [c for c in columns if c not in item]
+    if missing:
+      raise PredictError(f"Input {item!r} lacks {missing}; this model reads "
+                         f"{list(columns)}.")
+    values = [item[c] for c in columns]
+  else:
+    values = list(item) if isinstance(item, tuple) else None
+  if (not values or len(values) > 2
+      or not all(isinstance(v, str) for v in values)):
+    raise PredictError(
+        f"A classification input is a text, a (text, text) pair or a dict "
+        f"with {list(columns)}; got {item!r}.")
+  return values[0], values[1] if len(values) > 1 else None
+
+
+class SingleLabelType(task_type_lib.TaskType):
+  """A fine-tuned classifier (or regressor) of texts or text pairs.
+
+  Its task.json: "labels" (the class names; None for regression) and
+  "text_columns" (the one or two texts' names; None for a transformers
+  checkpoint, which takes texts and pairs).
+  """
+
+  def __init__(self, regression: bool):
+    self.regression = regression
+    self.name = "regression" if regression else "classification"
+    self.labelled = not regression
+    self.problem_type = ("regression" if regression
+                         else "single_label_classification")
+
+  def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
+    return ClassifierHead(cfg,
+                          1 if self.regression else len(info["labels"]))
+
+  def predict(self, model, items: list, batch_size: int) -> list[dict]:
+    recorded = model.settings.get("text_columns")
+    columns = recorded or ["text", "text_pair"]
+    pairs = [_texts(item, columns) for item in items]
+    has_b = {b is not None for _, b in pairs}
+    if len(has_b) > 1:
+      raise PredictError("Some inputs are pairs and some single texts; "
+                         "predict them in separate calls.")
+    want_pair = len(columns) == 2 if recorded else has_b == {True}
+    if has_b != {want_pair}:
+      raise PredictError(
+          "This model was fine-tuned on "
+          + ("text pairs; give (text, text) pairs." if want_pair
+             else "single texts; give one text per input."))
+    features = encode_texts(
+        model.tokenizer, [a for a, _ in pairs],
+        [b for _, b in pairs] if want_pair else None, model.max_seq_length)
+    logits = model(features, batch_size)["logits"].astype(np.float64)
+    if self.regression:
+      return [{"score": float(row[0])} for row in logits]
+    out = []
+    for p, row in zip(task_type_lib.softmax(logits), logits):
+      k = int(np.argmax(row))
+      out.append({"label": model.labels[k], "probability": float(p[k]),
+                  "probabilities": dict(zip(model.labels, map(float, p))),
+                  "logits": [float(x) for x in row]})
+    return out
+
+  def file_input(self, row: dict, settings: dict,
+                 columns: Sequence[str] | None):
+    """The row's text, or (text, text) pair, from `columns` (default the
+    trained text columns)."""
+    names = list(columns or settings.get("text_columns") or ["text"])
+    missing = [c for c in names if c not in row]
+    if missing:
+      raise PredictError(f"no column {missing[0]!r} (columns: "
+                         f"{sorted(row)}); name the text columns with "
+                         "--columns.")
+    values = [row[c] for c in names]
+    return values[0] if len(values) == 1 else tuple(values)
+
+  def hf_pooler(self, model_type: str) -> bool:
+    # RoBERTa's sequence classifier has no pooler: its head computes it.
+    return model_type != "roberta"
+
+  def head_to_hf(self, params: dict, model_type: str
+                 ) -> dict[str, np.ndarray]:
+    head = params["head"]["classifier"]
+    if model_type == "roberta":
+      return {**hf_task_heads.linear("classifier.dense",
+                                     params["albert"]["pooler"]),
+              **hf_task_heads.linear("classifier.out_proj", head)}
+    return hf_task_heads.linear("classifier", head)
+
+  def head_from_hf(self, state: dict[str, np.ndarray],
+                   model_type: str) -> dict:
+    if model_type != "roberta":
+      return {"classifier": hf_task_heads.take(state, "classifier")}
+    # RoBERTa's classifier.dense is our pooler: handed to the encoder's.
+    pooler = hf_task_heads.take(state, "classifier.dense")
+    state[f"{model_type}.pooler.dense.weight"] = pooler["kernel"].T
+    state[f"{model_type}.pooler.dense.bias"] = pooler["bias"]
+    return {"classifier": hf_task_heads.take(state, "classifier.out_proj")}
+
+  def hf_labels(self, labels: Sequence[str] | None) -> list[str] | None:
+    # transformers names a regressor's one output too.
+    return ["LABEL_0"] if self.regression else super().hf_labels(labels)
+
+  def imported_settings(self) -> dict:
+    return {"text_columns": None}
+
+
+CLASSIFICATION = SingleLabelType(regression=False)
+REGRESSION = SingleLabelType(regression=True)

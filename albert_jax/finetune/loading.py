@@ -15,7 +15,9 @@ import os
 from typing import Any
 
 from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune import registry
 from albert_jax.interop import CheckpointError
+from albert_jax.interop import hf_task_heads
 from albert_jax.interop import pretrained as pretrained_lib
 from albert_jax.interop import sources
 from albert_jax.interop import workdir as workdir_lib
@@ -63,5 +65,10 @@ def load_pretrained(path: str, step: int | str | None = None,
     return predict_lib.load(path, step, **overrides)
   loaded = sources.load(path, step, overrides)
   if isinstance(loaded, sources.TaskCheckpoint):
-    return predict_lib.FineTuned(**loaded.fields)
+    try:
+      fields = hf_task_heads.from_hf(loaded,
+                                     registry.task_type(loaded.task_type))
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointError(f"{loaded.source}: {e}") from e
+    return predict_lib.FineTuned(tokenizer=loaded.tokenizer, **fields)
   return pretrained_lib.from_fields(path, loaded)

@@ -20,8 +20,10 @@ text:
 
 Inputs are featurized exactly as the task featurized its data, padded to
 its `max_seq_length` and run in fixed-size batches, so a model's
-predictions on its own eval rows are the run's eval predictions
-(`albert_jax.finetune.predict_tasks` encodes and decodes each task type).
+predictions on its own eval rows are the run's eval predictions. What
+differs by task type (its task.json fields, head, inputs and predictions)
+is the type's own (`albert_jax.finetune.task_type`), reached through
+`registry.task_type`.
 With several devices, prediction is sharded as training was: the mesh and
 logical axis rules the run recorded (its config.json's `mesh` and
 `sharding_rules`; the defaults of `albert_jax.sharding` otherwise), the
@@ -49,15 +51,10 @@ import numpy as np
 from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax.finetune import batching
-from albert_jax.finetune import classification
-from albert_jax.finetune import predict_tasks
-from albert_jax.finetune import race
+from albert_jax.finetune import registry
 from albert_jax.finetune import spec as spec_lib
-from albert_jax.finetune import tagging
-from albert_jax.finetune.predict_tasks import PredictError
-from albert_jax.finetune.squad import head as squad_head
-from albert_jax.finetune.squad import task as squad_task
 from albert_jax.finetune.task import INPUT_KEYS
+from albert_jax.finetune.task_type import PredictError
 from albert_jax.interop.workdir import TASK_FILE
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
@@ -66,8 +63,6 @@ log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = "tokenizer"
 RUN_CONFIG_FILE = "config.json"  # the run's config (`loop.record_config`)
-TASK_TYPES = ("classification", "regression", "multiple_choice",
-              "question_answering", "token_classification")
 
 
 ################################################################################
@@ -95,68 +90,33 @@ def task_info_problem(info: dict, cfg: ModelConfig) -> str | None:
   """What is wrong with a `task.json`'s fields (types, and sizes against
   the model), or None: checked before its sizes shape anything, so a
   damaged or crafted file never allocates (a max_seq_length of 10**12 asked
-  numpy for terabytes)."""
-  def whole(value, low, high):
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and low <= value <= high)
+  numpy for terabytes). The task type checks its own fields."""
   kind = info.get("task_type")
-  if kind not in TASK_TYPES:
-    return f"task_type {kind!r} is not one of {TASK_TYPES}"
+  if not isinstance(kind, str) or kind not in registry.TASK_TYPES:
+    return f"task_type {kind!r} is not one of {tuple(registry.TASK_TYPES)}"
   if not isinstance(info.get("task"), str):
     return f"task {info.get('task')!r} is not a task name"
   t = info.get("max_seq_length")
-  if not whole(t, 1, cfg.max_position_embeddings):
+  if not (isinstance(t, int) and not isinstance(t, bool)
+          and 1 <= t <= cfg.max_position_embeddings):
     return (f"max_seq_length {t!r} is not a whole number in [1, "
             f"{cfg.max_position_embeddings}], the model's positions")
   if not isinstance(info.get("lm_head", False), bool):
     return f"lm_head {info.get('lm_head')!r} is not true or false"
-  if kind in ("classification", "token_classification"):
-    labels = info.get("labels")
-    if (not isinstance(labels, list) or len(labels) < 2
-        or not all(isinstance(x, str) for x in labels)
-        or len(set(labels)) != len(labels)):
-      return (f"labels {labels!r} are not a list of two or more distinct "
-              "label names")
-  if kind == "question_answering":
-    kinds = squad_task.V2_HEADS + ("span",)
-    if info.get("head_kind") not in kinds:
-      return f"head_kind {info.get('head_kind')!r} is not one of {kinds}"
-    for key in ("start_n_top", "end_n_top"):
-      if info.get("head_kind") == "official" and not whole(info.get(key), 1, t):
-        return f"{key} {info.get(key)!r} is not a whole number in [1, {t}]"
-  return None
-
-
-def head_for(info: dict, cfg: ModelConfig):
-  """The task head `info` (a `task.json`) describes."""
-  kind = info["task_type"]
-  if kind in ("classification", "regression"):
-    return classification.ClassifierHead(
-        cfg, 1 if kind == "regression" else len(info["labels"]))
-  if kind == "multiple_choice":
-    return race.MultipleChoiceHead(cfg)
-  if kind == "question_answering":
-    if info["head_kind"] == "official":
-      return squad_head.AlbertV2Head(cfg, info["start_n_top"],
-                                     info["end_n_top"])
-    return squad_head.SpanHead(cfg)
-  if kind == "token_classification":
-    return tagging.TokenClassifierHead(cfg, len(info["labels"]))
-  raise PredictError(f"Unknown task_type {kind!r} in {TASK_FILE}; this "
-                     f"version of albert_jax predicts {TASK_TYPES}.")
+  return registry.task_type(kind).task_info_problem(info)
 
 
 def spec_from_record(info: dict, cfg: ModelConfig) -> spec_lib.FineTuneSpec:
   """The fine-tuned model `info` (a `task.json`) describes, on encoder
-  `cfg`: its head, and the model inputs of one row (a multiple-choice row
-  with 2 choices: the parameters do not depend on how many)."""
-  t = info["max_seq_length"]
-  shape = (2, t) if info["task_type"] == "multiple_choice" else (t,)
-  features = {k: (shape, np.int32) for k in INPUT_KEYS}
-  if info["task_type"] == "question_answering":
-    features["p_mask"] = (shape, np.bool_)
-  return spec_lib.FineTuneSpec(cfg, head_for(info, cfg),
-                               bool(info.get("lm_head", False)), features)
+  `cfg`: its task type's head and the model inputs of one row.
+
+  Raises:
+    PredictError: a task_type this version does not know.
+  """
+  kind = registry.task_type(info["task_type"])
+  return spec_lib.FineTuneSpec(cfg, kind.head(info, cfg),
+                               bool(info.get("lm_head", False)),
+                               kind.features(info["max_seq_length"]))
 
 
 def best_step(path: str) -> int:
@@ -316,7 +276,7 @@ class FineTuned:
 
   Attributes:
     task: the task's name ("files", "glue/mrpc", "squad/v2.0", ...).
-    task_type: one of TASK_TYPES.
+    task_type: its kind, a key of `registry.TASK_TYPES`.
     labels: the label (tag) names in class order; None for regression,
       multiple choice and question answering.
     model_config: the encoder's ModelConfig.
@@ -436,7 +396,8 @@ class FineTuned:
       ValueError: the head or family has no transformers class.
     """
     from albert_jax.interop import hf_task_heads  # pylint: disable=g-import-not-at-top
-    hf_task_heads.to_hf(self, path, model_type)
+    hf_task_heads.to_hf(self, path, model_type,
+                        registry.task_type(self.task_type))
 
   def predict(self, inputs, batch_size: int = 32, **options):
     """Predictions on raw inputs (see the module docstring for each type).
@@ -458,5 +419,6 @@ class FineTuned:
     items = [inputs] if single else inputs
     if not items:
       return []
-    out = predict_tasks.predict(self, items, batch_size, **options)
+    out = registry.task_type(self.task_type).predict(self, items,
+                                                     batch_size, **options)
     return out[0] if single else out

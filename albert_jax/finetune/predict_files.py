@@ -15,32 +15,9 @@ import sys
 from typing import Iterable, Iterator, Sequence
 
 from albert_jax import storage
+from albert_jax.finetune import registry
 from albert_jax.finetune import tabular
-from albert_jax.finetune.predict_tasks import PredictError
-
-
-def _row_input(row: dict, task_type: str, settings: dict,
-               columns: Sequence[str] | None):
-  """A file row as `predict`'s input."""
-  if task_type in ("classification", "regression"):
-    names = list(columns or settings.get("text_columns") or ["text"])
-    missing = [c for c in names if c not in row]
-    if missing:
-      raise PredictError(f"no column {missing[0]!r} (columns: "
-                         f"{sorted(row)}); name the text columns with "
-                         "--columns.")
-    values = [row[c] for c in names]
-    return values[0] if len(values) == 1 else tuple(values)
-  if task_type == "multiple_choice" and columns:
-    return {"context": row.get(columns[0]), "choices": [
-        row.get(c) for c in columns[1:]]}
-  if task_type == "multiple_choice" and isinstance(row.get("choices"), str):
-    return {**row, "choices": json.loads(row["choices"])}
-  if task_type == "question_answering" and columns:
-    return {"question": row.get(columns[0]), "context": row.get(columns[1])}
-  if task_type == "token_classification" and columns:
-    return {"text": row.get(columns[0])}
-  return row
+from albert_jax.finetune.task_type import PredictError
 
 
 def _chunks(rows: Iterable, size: int) -> Iterator[list]:
@@ -86,7 +63,8 @@ def predict_file(model, input_path: str, output_path: str, *,
   input row.
 
   At most `chunk_rows` rows are held at a time, so memory stays bounded
-  whatever the file's size. Columns default to those the task was trained
+  whatever the file's size. Rows become inputs by the model's task type
+  (`TaskType.file_input`); columns default to those the task was trained
   on (classification: its text columns; question answering: "question"
   and "context"; multiple choice: "context", "question", "choices" or the
   trained ending columns; tagging: "text" or "tokens"). An output ending in
@@ -103,6 +81,7 @@ def predict_file(model, input_path: str, output_path: str, *,
   """
   check_request(input_path, output_path, batch_size)
   rows = tabular.iter_rows(input_path, header, "--input")
+  kind = registry.task_type(model.task_type)
   total = 0
   bar = _progress(progress, input_path)
   with storage.open_atomic(output_path) as raw, (
@@ -113,9 +92,8 @@ def predict_file(model, input_path: str, output_path: str, *,
       inputs = []
       for line, row in chunk:
         try:
-          inputs.append(_row_input(row, model.task_type, model.settings,
-                                   columns))
-        except (PredictError, json.JSONDecodeError) as e:
+          inputs.append(kind.file_input(row, model.settings, columns))
+        except PredictError as e:
           raise PredictError(f"{input_path}, line {line}: {e}") from None
       try:
         results = model.predict(inputs, batch_size=batch_size)

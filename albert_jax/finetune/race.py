@@ -4,10 +4,8 @@ Each article holds several questions; every question is one row of 4
 choices, choice j being `[CLS] article [SEP] question+option_j [SEP]` where
 question+option is the question with its "_" blank filled by the option, or
 question and option joined by a space when there is no blank. The
-question+option keeps its last `max_qa_length` tokens and the article is cut
-to fit the rest, as the official `race_utils.convert_single_example`. The
-head scores each choice from its pooled [CLS] output (dropout, dense → 1);
-a softmax over the 4 choices gives the answer.
+featurization, head, loss and accuracy are those of
+`albert_jax.finetune.multiple_choice`, which choice/files shares.
 
 `make_task("race/high" | "race/middle" | "race/all", data)` reads these
 `config.data` keys:
@@ -27,18 +25,11 @@ from __future__ import annotations
 import os
 import re
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune.task import INPUT_KEYS
+from albert_jax.finetune import multiple_choice
 from albert_jax.finetune.task import Split
-from albert_jax.finetune.task import Task
-from albert_jax.model import layers
-from albert_jax.model.config import ModelConfig
-from albert_jax.training import objectives
 
 TASKS = ("race/high", "race/middle", "race/all")
 LETTERS = "ABCD"
@@ -96,90 +87,9 @@ def read_tfds(level: str, split: str, data_dir=None,
   return out
 
 
-def qa_text(question: str, option: str) -> str:
-  """The official question+option: fill the "_" blank, else append."""
-  if "_" in question:
-    return question.replace("_", option)
-  return " ".join([question, option])
-
-
-def choice_features(num_choices: int, max_seq_length: int):
-  """A multiple-choice row's features (`Task.batch_features`): INPUT_KEYS
-  [C, T] int32 and "label" [] int32."""
-  shape = (num_choices, max_seq_length)
-  return {**{k: (shape, np.int32) for k in INPUT_KEYS},
-          "label": ((), np.int32)}
-
-
-def featurize(records: list[dict], tokenizer, max_seq_length: int,
-              max_qa_length: int) -> dict[str, np.ndarray]:
-  """Records → "input_ids", "token_type_ids", "attention_mask" [N, C, T]
-  int32 and "label" [N] int32.
-
-  Every record has "article", "question" and C "options" (C the same for
-  all) and "label" (the answer's index, -1 when unknown). Choice j is
-  `[CLS] article [SEP] qa [SEP]`, qa being `qa_text(question, option_j)`,
-  or the option alone where the question is empty (SWAG-style endings).
-  """
-  if tokenizer.cls_id is None or tokenizer.sep_id is None:
-    raise ValueError("Multiple-choice inputs need [CLS] and [SEP] pieces; "
-                     "this vocabulary has none (train one with "
-                     "albert_jax.text.train).")
-  if max_seq_length < max_qa_length + 4:
-    raise ValueError(
-        f"max_seq_length={max_seq_length} leaves no room for the article "
-        f"after data.max_qa_length={max_qa_length} question+option tokens "
-        "and 3 special tokens; raise max_seq_length or lower "
-        "data.max_qa_length.")
-  choices = {len(rec["options"]) for rec in records} or {NUM_CHOICES}
-  if len(choices) != 1:
-    raise ValueError(f"The rows have different numbers of choices "
-                     f"{sorted(choices)}; featurize rows with the same "
-                     "number together.")
-  (num_choices,) = choices
-  pad = 0 if tokenizer.pad_id is None else tokenizer.pad_id
-  n, t = len(records), max_seq_length
-  ids = np.full((n, num_choices, t), pad, np.int32)
-  types = np.zeros((n, num_choices, t), np.int32)
-  mask = np.zeros((n, num_choices, t), np.int32)
-  article_ids = {}  # articles carry several questions: tokenize once
-  for r, rec in enumerate(records):
-    if rec["article"] not in article_ids:
-      article_ids = {rec["article"]: tokenizer.encode(rec["article"])}
-    article = article_ids[rec["article"]]
-    for c, option in enumerate(rec["options"]):
-      qa = tokenizer.encode(qa_text(rec["question"], option)
-                            if rec["question"] else option)[-max_qa_length:]
-      context = article[:t - 3 - len(qa)]
-      row = [tokenizer.cls_id] + context + [tokenizer.sep_id] + qa + [
-          tokenizer.sep_id]
-      ids[r, c, :len(row)] = row
-      types[r, c, len(context) + 2:len(row)] = 1
-      mask[r, c, :len(row)] = 1
-  labels = np.asarray([rec["label"] for rec in records], np.int32)
-  return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-          "label": labels.reshape(n)}
-
-
-class MultipleChoiceHead(nn.Module):
-  """pooled [N, C, H] → dropout → dense(1) → a logit per choice [N, C]."""
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, encoded: dict, batch: dict,
-               deterministic: bool = True) -> dict:
-    del batch  # the choices' inputs are all in `encoded`
-    cfg = self.config
-    x = nn.Dropout(cfg.classifier_dropout_prob)(
-        encoded["pooled_output"], deterministic=deterministic)
-    logits = layers.Dense((1,), ("embed", "classes"),
-                          **cfg.layer_kwargs, name="output")(x)
-    return {"logits": logits[..., 0].astype(jnp.float32)}
-
-
-class RaceTask(Task):
+class RaceTask(multiple_choice.MultipleChoiceTask):
   """RACE: accuracy over questions (and per level for "race/all")."""
-  metric = "accuracy"
+  num_choices = NUM_CHOICES
   train_split = "train"
   eval_splits = ("dev",)
   predict_splits = ("dev", "test")
@@ -203,37 +113,17 @@ class RaceTask(Task):
                for r in read_tfds(level, split, self.data_dir, self.download)]
     if not records:
       raise ValueError(f"TFDS {self.name} split {split!r} is empty.")
-    features = featurize(records, tokenizer, max_seq_length,
-                         self.max_qa_length)
+    features = multiple_choice.featurize(records, tokenizer,
+                                         max_seq_length, self.max_qa_length)
     examples = {"ids": [r["id"] for r in records],
                 "levels": np.asarray([r["level"] for r in records]),
                 "labels": features["label"]}
     return Split(name=split, features=features, examples=examples)
 
-  def batch_features(self, max_seq_length: int):
-    return choice_features(NUM_CHOICES, max_seq_length)
-
-  def head(self, model_config):
-    return MultipleChoiceHead(model_config)
-
-  def loss_sums(self, outputs: dict, batch: dict) -> dict:
-    sums = objectives.weighted_cross_entropy(
-        outputs["logits"], batch["label"], batch["weights"])
-    return {"loss_sum": sums["loss_sum"], "correct_sum": sums["correct"]}
-
-  def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
-    logits = outputs["logits"]
-    return {"logits": logits,
-            "prediction": jnp.argmax(logits, axis=-1).astype(jnp.int32)}
-
-  def describe(self) -> dict:
-    return {"task_type": "multiple_choice", "labels": None,
-            "max_qa_length": self.max_qa_length}
-
   def evaluate(self, predictions: dict, split: Split) -> dict[str, float]:
     ex = split.examples
-    correct = np.asarray(predictions["prediction"]) == ex["labels"]
-    out = {"accuracy": float(np.mean(correct)) if len(correct) else 0.0}
+    correct = self.correct(predictions, split)
+    out = super().evaluate(predictions, split)
     if len(self.levels) > 1:
       out["accuracy_all"] = out["accuracy"]
       for level in self.levels:

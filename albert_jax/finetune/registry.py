@@ -1,8 +1,13 @@
-"""Task names → `Task` objects (`config.data.task`).
+"""Task names → `Task` objects (`config.data.task`), and task types →
+`TaskType` objects (a fine-tuned model's recorded "task_type").
 
 A name is checked against every task the families define before anything
 is built, so a misspelt one ("glue/sst-2", "ner/file") fails with the
 closest valid name instead of a family's own narrower error, or none.
+
+Everything that works from a recorded fine-tuned model (reloading,
+prediction, files of predictions, transformers export and import) reaches
+its kind through `task_type`; see `albert_jax.finetune.task_type`.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ import difflib
 import importlib
 
 from albert_jax.finetune.task import Task
+from albert_jax.finetune.task_type import PredictError
+from albert_jax.finetune.task_type import TaskType
+from albert_jax.interop.workdir import TASK_FILE
 
 # Name prefix → module with `make_task(name, data)`.
 FAMILIES = {
@@ -23,6 +31,16 @@ FAMILIES = {
 }
 # The names of a family whose module keeps no `TASKS` tuple.
 _NAMES = {"albert_jax.finetune.choice": ("choice/files",)}
+# task.json "task_type" → the module attribute holding its `TaskType`.
+TASK_TYPES = {
+    "classification": "albert_jax.finetune.classification.CLASSIFICATION",
+    "regression": "albert_jax.finetune.classification.REGRESSION",
+    "multiple_choice": "albert_jax.finetune.multiple_choice.MULTIPLE_CHOICE",
+    "question_answering":
+        "albert_jax.finetune.squad.task_type.QUESTION_ANSWERING",
+    "token_classification":
+        "albert_jax.finetune.tagging.TOKEN_CLASSIFICATION",
+}
 
 
 def _family(name: str) -> str | None:
@@ -71,3 +89,17 @@ def make_task(name: str, data) -> Task:
   """
   check_name(name)
   return importlib.import_module(_family(name)).make_task(name, data)
+
+
+def task_type(name: str) -> TaskType:
+  """The `TaskType` of a recorded "task_type" `name`.
+
+  Raises:
+    PredictError: a name this version does not know.
+  """
+  if not isinstance(name, str) or name not in TASK_TYPES:
+    raise PredictError(f"Unknown task_type {name!r} in {TASK_FILE}; this "
+                       f"version of albert_jax predicts "
+                       f"{tuple(TASK_TYPES)}.")
+  module, attribute = TASK_TYPES[name].rsplit(".", 1)
+  return getattr(importlib.import_module(module), attribute)

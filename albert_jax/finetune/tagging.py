@@ -23,6 +23,9 @@ conlleval.pl reads.
     the train file's tags, sorted, "O" first).
   "ner/conll2003": TFDS `conll2003` (train, validation, test), its "ner"
     tags; `data.tfds_data_dir`, `data.tfds_download` as for GLUE.
+
+The models they fine-tune are `TOKEN_CLASSIFICATION`: a text → {"entities":
+[{"text", "label", "start", "end"}], "words", "tags"}.
 """
 
 from __future__ import annotations
@@ -41,8 +44,11 @@ import optax
 from albert_jax import storage
 from albert_jax.finetune import conlleval
 from albert_jax.finetune import tabular
+from albert_jax.finetune import task_type as task_type_lib
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
+from albert_jax.finetune.task_type import PredictError
+from albert_jax.interop import hf_task_heads
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 
@@ -361,3 +367,60 @@ class TaggingTask(Task):
 def make_task(name: str, data) -> TaggingTask:
   """The tagging task `name` ("ner/files" or "ner/conll2003")."""
   return TaggingTask(name, data)
+
+
+def _tag_input(item) -> tuple[str, list[str], list[tuple[int, int]]]:
+  """(text, words, word spans) of a tagging input: a text, or a dict with
+  "text" or "tokens" (words, joined with spaces)."""
+  if isinstance(item, dict) and isinstance(item.get("tokens"), list):
+    words = [str(w) for w in item["tokens"]]
+    text = " ".join(words)
+    spans, at = [], 0
+    for w in words:
+      spans.append((at, at + len(w)))
+      at += len(w) + 1
+    return text, words, spans
+  text = item.get("text") if isinstance(item, dict) else item
+  if not isinstance(text, str):
+    raise PredictError("A tagging input is a text, or a dict with 'text' or "
+                       f"'tokens' (a list of words); got {item!r}.")
+  words, spans = split_words(text)
+  return text, words, spans
+
+
+class TokenClassificationType(task_type_lib.TaskType):
+  """A fine-tuned tagger: `TokenClassifierHead` on every token; its
+  task.json "labels" are the tags."""
+  name = "token_classification"
+  labelled = True
+  pooled = False
+
+  def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
+    return TokenClassifierHead(cfg, len(info["labels"]))
+
+  def predict(self, model, items: list, batch_size: int) -> list[dict]:
+    parsed = [_tag_input(item) for item in items]
+    features = encode_words(model.tokenizer, [p[1] for p in parsed],
+                            model.max_seq_length)
+    first = features.pop("first")
+    logits = model(features, batch_size)["logits"]
+    tags = word_tags(np.argmax(logits, -1), first,
+                     [len(p[1]) for p in parsed], model.labels)
+    return [{"entities": entities(text, spans, t), "words": words,
+             "tags": t} for (text, words, spans), t in zip(parsed, tags)]
+
+  def file_input(self, row: dict, settings: dict,
+                 columns: Sequence[str] | None):
+    """The text of `columns[0]`, else the row ("text" or "tokens")."""
+    return {"text": row.get(columns[0])} if columns else row
+
+  def head_to_hf(self, params: dict, model_type: str
+                 ) -> dict[str, np.ndarray]:
+    return hf_task_heads.linear("classifier", params["head"]["classifier"])
+
+  def head_from_hf(self, state: dict[str, np.ndarray],
+                   model_type: str) -> dict:
+    return {"classifier": hf_task_heads.take(state, "classifier")}
+
+
+TOKEN_CLASSIFICATION = TokenClassificationType()

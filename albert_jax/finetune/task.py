@@ -139,10 +139,11 @@ class Task(abc.ABC):
 
   def describe(self) -> dict[str, Any] | None:
     """What predicting with the fine-tuned model needs, JSON-serialisable:
-    "task_type" (one of `albert_jax.finetune.predict.TASK_TYPES`), "labels"
-    (the label names in class order, or None) and the head's and the
-    featurization's settings. None: the task cannot be reloaded for
-    prediction (`albert_jax.finetune.predict`)."""
+    "task_type" (a key of `albert_jax.finetune.registry.TASK_TYPES`, whose
+    `TaskType` reads the rest), "labels" (the label names in class order,
+    or None) and the head's and the featurization's settings. None: the
+    task cannot be reloaded for prediction (`albert_jax.finetune.predict`).
+    """
     return None
 
 

@@ -400,7 +400,7 @@ def load_pretrained(path: str, step: int | str | None = None,
   if isinstance(loaded, sources.TaskCheckpoint):
     raise CheckpointError(
         f"{path} is a transformers task checkpoint (a fine-tuned "
-        f"{loaded.fields['task_type']} head): load it with "
+        f"{loaded.task_type} head): load it with "
         "albert_jax.load_pretrained, which returns the model with its head.")
   return from_fields(path, loaded)
 

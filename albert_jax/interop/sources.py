@@ -9,8 +9,8 @@ Accepts:
     (`ElectraForPreTraining`, `ElectraForMaskedLM`, `ElectraModel`). Weights
     are read from safetensors; nothing is ever unpickled (see
     `albert_jax.interop.hf_files`). A transformers task checkpoint
-    (`{Family}For{Task}`) gives its fields with the task head
-    (`TaskCheckpoint`), which `albert_jax.load_pretrained` makes a
+    (`{Family}For{Task}`) is read as it is (`TaskCheckpoint`):
+    `albert_jax.load_pretrained` converts it with its task head into a
     fine-tuned model.
   * a google-research/albert TF1 release directory (`albert_config.json`,
     `model.ckpt-*`, `30k-clean.model`), through TensorFlow.
@@ -47,9 +47,25 @@ from albert_jax.model.config import ModelConfig
 
 
 class TaskCheckpoint(typing.NamedTuple):
-  """A transformers task checkpoint: the fields of a fine-tuned model
-  (`interop.hf_task_heads.from_hf`'s, plus its tokenizer)."""
-  fields: dict[str, Any]
+  """A transformers task checkpoint, read but not converted: its task
+  type's conversion (`hf_task_heads.from_hf`) lives above interop.
+
+  Attributes:
+    path: its directory.
+    task_type: the task type its class holds (`hf_task_heads.task_type_of`).
+    hf_config: its parsed config.json.
+    state: its tensors by transformers' names.
+    overrides: ModelConfig fields to change.
+    tokenizer: its tokenizer, or None.
+    source: how errors name it ("Checkpoint PATH (with overrides ...)").
+  """
+  path: str
+  task_type: str
+  hf_config: dict[str, Any]
+  state: dict[str, Any]
+  overrides: dict[str, Any]
+  tokenizer: Any
+  source: str
 
 
 def load(path: str, step: int | str | None,
@@ -119,12 +135,13 @@ def load(path: str, step: int | str | None,
   except (ValueError, TypeError) as e:
     raise CheckpointError(f"{path}/config.json{note}: {e}") from e
   if task_type is not None:
+    source = f"Checkpoint {path}{note}"
     try:
-      fields = hf_task_heads.from_hf(path, hf_config, task_type, overrides,
-                                     read_state_dict(path))
+      state = read_state_dict(path)
     except (ValueError, KeyError, TypeError) as e:
-      raise CheckpointError(f"Checkpoint {path}{note}: {e}") from e
-    return TaskCheckpoint({"tokenizer": _tokenizer(path), **fields})
+      raise CheckpointError(f"{source}: {e}") from e
+    return TaskCheckpoint(path, task_type, hf_config, state, overrides,
+                          _tokenizer(path), source)
   try:
     cfg = hf_config_lib.config_from_hf(hf_config)
     if overrides:

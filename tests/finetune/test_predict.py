@@ -23,7 +23,6 @@ from albert_jax import config_lib
 from albert_jax import storage
 from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune import predict_files
-from albert_jax.finetune import predict_tasks
 from albert_jax.finetune import run as ft
 from albert_jax.interop import CheckpointError
 from albert_jax.interop import workdir as workdir_lib
@@ -110,7 +109,7 @@ def test_classifier_round_trip(classifier):
 def test_classifier_errors(classifier, tmp_path):
   workdir, texts, _ = classifier
   model = albert_jax.load_pretrained(workdir)
-  with pytest.raises(predict_tasks.PredictError,
+  with pytest.raises(predict_lib.PredictError,
                      match=r"fine-tuned on single texts"):
     model.predict([("a", "b")])
   with pytest.raises(CheckpointError, match=r"No checkpoint at step 3"):

@@ -6,9 +6,10 @@
   * the spec's parameters, from zeros of those features, are those of the
     model on real rows, and a spec rebuilt from what the run records
     (`predict.spec_from_record`) has the same parameter tree;
-  * `--compile_only` compiles the fine-tuning step of every task family it
-    can build without data downloads (classification, regression, NER and
-    multiple choice on your files), with the spec's FLOPs.
+  * `--compile_only` compiles the fine-tuning step of every task family:
+    those on your files (classification, regression, NER, multiple choice)
+    and the TFDS ones, GLUE, SQuAD (both heads) and RACE, which build
+    their step without their data; with the spec's FLOPs.
 """
 
 import json
@@ -54,7 +55,14 @@ def fixture_files(tmp_path_factory):
       {"context": _lines(rng, 8), "start": "then", "endings": [
           _lines(rng, 3) for _ in range(3)], "label": i % 3}) + "\n"
                                             for i in range(6)))
+  # The TFDS families build head and batch from their names alone: no
+  # download is allowed, so the test fails if one reads its data.
+  tfds = dict(tfds_download=False, tfds_data_dir=str(d / "no_tfds"))
   return {
+      "glue": ("glue/mrpc", tfds),
+      "squad": ("squad/v1.1", tfds),
+      "squad_official": ("squad/v2.0", {**tfds, "v2_head": "official"}),
+      "race": ("race/high", {**tfds, "max_qa_length": 8}),
       "classification": ("files", dict(
           train_file=str(d / "cls.tsv"), eval_file=str(d / "cls.tsv"),
           text_column="text", label_column="label")),
@@ -84,6 +92,7 @@ def _task(files, kind):
 
 KINDS = ("classification", "regression", "token_classification",
          "multiple_choice")
+TFDS_KINDS = ("glue", "squad", "squad_official", "race")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -123,6 +132,30 @@ def test_params_from_the_spec_and_from_the_record(files, kind, tiny_tokenizer,
                           spec.abstract_params()))
 
 
+@pytest.mark.parametrize("kind", TFDS_KINDS)
+def test_a_tfds_task_records_the_model_it_trains(files, kind):
+  task = _task(files, kind)
+  cfg = _model_config(300)
+  spec = spec_lib.for_task(task, cfg, SEQ)
+  info = {"task": task.name, **task.describe(), "max_seq_length": SEQ,
+          "lm_head": False, "model": cfg.to_dict()}
+  assert predict_lib.task_info_problem(info, cfg) is None
+  recorded = predict_lib.spec_from_record(info, cfg)
+  assert (jax.tree.map(lambda x: (x.shape, x.dtype),
+                       recorded.abstract_params())
+          == jax.tree.map(lambda x: (x.shape, x.dtype),
+                          spec.abstract_params()))
+
+
+def test_every_task_type_is_registered_under_its_name():
+  for name in registry.TASK_TYPES:
+    assert registry.task_type(name).name == name
+  with pytest.raises(predict_lib.PredictError, match=(
+      r"^Unknown task_type 'tagging' in task\.json; this version of "
+      r"albert_jax predicts \('classification', ")):
+    registry.task_type("tagging")
+
+
 def test_batch_schema_and_flops(files, tiny_tokenizer):
   task = _task(files, "multiple_choice")
   cfg = _model_config(tiny_tokenizer.vocab_size)
@@ -140,7 +173,7 @@ def test_batch_schema_and_flops(files, tiny_tokenizer):
   assert spec.attention_flops_per_step(8) == 3 * 24 * attention
 
 
-@pytest.mark.parametrize("kind, pack", [(k, 0) for k in KINDS]
+@pytest.mark.parametrize("kind, pack", [(k, 0) for k in KINDS + TFDS_KINDS]
                          + [("classification", 4)])
 def test_compile_only_compiles_each_task_family(files, kind, pack, tiny_spm,
                                                 tiny_tokenizer):

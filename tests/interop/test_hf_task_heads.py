@@ -11,7 +11,6 @@ import pytest
 import albert_jax
 from albert_jax import config_lib
 from albert_jax.finetune import predict as predict_lib
-from albert_jax.finetune import task as task_lib
 from albert_jax.model.config import ModelConfig
 
 torch = pytest.importorskip("torch")
@@ -47,7 +46,7 @@ def _model(family, task_type, tokenizer):
   batch = {k: np.ones(shape, np.int32) for k in (
       "input_ids", "token_type_ids", "attention_mask")}
   batch["p_mask"] = np.zeros(shape, bool)
-  module = task_lib.FineTuneModel(cfg, predict_lib.head_for(settings, cfg))
+  module = predict_lib.spec_from_record(settings, cfg).model
   params = module.init(jax.random.key(1), batch)["params"]
   # Spread every parameter, so biases and LayerNorms are exercised too.
   leaves, treedef = jax.tree.flatten(jax.tree.map(np.asarray,
