@@ -5,12 +5,14 @@ tests check what their numbers rest on (albert_jax and transformers get the
 same batch and compute the same loss, the HF model has the same parameters,
 the before/after variants switch what they say and the candidates compute
 the same loss) and smoke-run each script with
-its smallest flags in a subprocess.
+its smallest flags in a subprocess; the memory table is remade from its
+records.
 """
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -31,6 +33,7 @@ from albert_jax.training import objectives
 BENCH = EXPERIMENTS / "benchmarks"
 sys.path.insert(0, str(BENCH))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import memory_table  # noqa: E402
 import step_fixes  # noqa: E402
 import step_impls  # noqa: E402
 import step_profile  # noqa: E402
@@ -261,3 +264,84 @@ def test_compile_time_script_prints_every_row(tmp_path):
   stacks = jax.tree.leaves([params["attention"], params["ffn"]])
   per_layer = sum(int(np.prod(x.shape)) for x in stacks) // cfg.num_steps
   assert two["params"] - one["params"] == per_layer
+
+
+def memory_table_script(*flags):
+  return subprocess.run(
+      [sys.executable, str(BENCH / "memory_table.py"), *flags],
+      capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(
+          REPO)}, cwd=REPO, timeout=300, check=False)
+
+
+def test_memory_table_remakes_the_committed_table_from_its_records(
+    tmp_path):
+  """experiments/memory_table.md is what its records and command make."""
+  committed = EXPERIMENTS / "memory_table.md"
+  markdown = tmp_path / "memory_table.md"
+  shutil.copy(committed, markdown)  # for its notes
+  proc = memory_table_script(
+      "--compiler", "tpu", "--render_only", "--markdown", str(markdown),
+      "--date", "2026-11-26", "--machine", "AMD EPYC, 2 cores",
+      # What made the records, before this script took in that one.
+      "--command", "python experiments/benchmarks/tpu_memory_table.py "
+      "--meshes data,fsdp --accumulation 1,2,4,8 --markdown "
+      "experiments/memory_table.md")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert markdown.read_bytes() == committed.read_bytes()
+
+
+def test_memory_table_keeps_the_cpu_estimate_off_the_tpu_table(tmp_path):
+  markdown = tmp_path / "memory_table.md"
+  shutil.copy(EXPERIMENTS / "memory_table.md", markdown)
+  before = markdown.read_bytes()
+  proc = memory_table_script("--compiler", "cpu", "--render_only",
+                             "--markdown", str(markdown))
+  assert proc.returncode != 0
+  assert "holds the tpu compiler's table" in proc.stderr
+  assert markdown.read_bytes() == before
+
+
+def test_memory_table_compiles_a_cpu_case_and_resumes(tmp_path):
+  """One XLA:CPU compile; accumulation 2 is skipped once 1 fits."""
+  out, markdown = tmp_path / "records.jsonl", tmp_path / "table.md"
+  flags = ("--compiler", "cpu", "--devices", "32", "--models", "base",
+           "--meshes", "fsdp", "--remat", "full", "--accumulation", "1,2",
+           "--skip_after_fit", "--out", str(out), "--markdown", str(markdown))
+  proc = memory_table_script(*flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [record] = [json.loads(l) for l in out.read_text().splitlines()]
+  assert record["status"] == "ok", record
+  assert (record["devices"], record["accumulation"]) == (32, 1)
+  assert record["mesh_shape"] == {"data": 1, "fsdp": 32, "tensor": 1}
+  total = record["total"] / memory_table.GIB
+  assert f"| base | fsdp | full | 0.05 | {total:.2f} ✓ | – |" in (
+      markdown.read_text())
+  # Run again: accumulation 1 is done and 2 still skipped, the same table.
+  table = markdown.read_text()
+  proc = memory_table_script(*flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert " ok: " not in proc.stdout
+  assert len(out.read_text().splitlines()) == 1
+  assert markdown.read_text() == table
+
+
+def test_memory_table_records_a_compile_that_takes_too_long(monkeypatch):
+  monkeypatch.setattr(memory_table, "STARTUP_SECONDS", 0)
+  case = {"model": "base", "devices": 32, "mesh": "fsdp", "remat": "full",
+          "accumulation": 1}
+  records, lines = {}, []
+
+  class Out:
+    def write(self, text):
+      lines.append(text)
+
+    def flush(self):
+      pass
+
+  memory_table.compile_cases(memory_table.CPU, [case], records, Out(),
+                             timeout=0.5, skip_after_fit=True,
+                             log=lambda _: None)
+  record = json.loads(lines[0])
+  assert record == {**case, "status": "timeout",
+                    "error": "no result within 0 s"}
+  assert records == {"base/32/fsdp/full/1": record}

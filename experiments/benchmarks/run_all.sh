@@ -19,8 +19,9 @@
 # Each command's output goes to the terminal and to a log file in --out
 # (default: $TMPDIR/albert_jax_benchmarks/<date-time>), with the machine
 # description (CPU model, cores, load, date) at the top of summary.txt. A
-# command whose input file is missing (an argument ending in .py that does
-# not exist, e.g. an old masking.py to compare with) is skipped with a note.
+# command whose script or input file is missing (a .py that does not exist:
+# a script since folded into another, whose entry gives the command that
+# replaces it, or an old masking.py to compare with) is skipped with a note.
 # The exit status is 1 if any command failed.
 
 set -euo pipefail
@@ -102,7 +103,7 @@ for command in "${commands[@]}"; do
   index=$((index + 1))
   read -r -a words <<< "$command"
   missing=""
-  for word in "${words[@]:2}"; do
+  for word in "${words[@]:1}"; do
     if [[ "$word" == *.py && ! -e "$word" ]]; then
       missing="$word"
     fi
