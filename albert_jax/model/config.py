@@ -59,8 +59,8 @@ class ModelConfig:
       layer's activations are its own buffers rather than slices of
       stacked [layers, ...] arrays, which on GPU the scan zero-fills,
       copies into and copies out of), or "auto": unrolled on GPU and TPU,
-      scanned on CPU (`encoder.unrolls_layers`). Same parameters and values
-      either way.
+      scanned on CPU and wherever `remat` is set, which needs the loop
+      (`encoder.unrolls_layers`). Same parameters and values either way.
     initializer: how weight matrices and embedding tables start, each of
       scale `initializer_range` (`layers.kernel_init`): "truncated_normal"
       (the official code's, redrawn beyond 2σ: deviation 0.88 ×
@@ -156,6 +156,12 @@ class ModelConfig:
     if self.layer_loop not in LAYER_LOOPS:
       fail(f"model.layer_loop={self.layer_loop!r}; choose one of "
            f"{LAYER_LOOPS}.")
+    if self.layer_loop == "unroll" and self.remat != "none":
+      fail(f"model.remat={self.remat!r} with model.layer_loop='unroll' "
+           "saves no memory: unrolled, XLA recomputes each layer beside its "
+           "forward pass and keeps every activation anyway. Use "
+           "model.layer_loop='auto' (it keeps the loop when remat is set) or "
+           "'scan', or model.remat='none'.")
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob",
                  "classifier_dropout_prob"):
       if not 0.0 <= getattr(self, name) < 1.0:

@@ -483,6 +483,29 @@ def test_unrolled_layers_give_the_same_loss_and_gradients(share):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
 
 
+def test_remat_needs_the_layer_loop():
+  """Why `auto` keeps the loop when remat is set, and `unroll` with remat is
+  refused: compiled unrolled, remat full needs the temporaries of no remat
+  at all (XLA schedules each recomputation beside its forward pass); in the
+  loop it needs far less."""
+  def temporaries(layer_loop, remat):
+    cfg = tiny(num_hidden_layers=4, hidden_size=64, intermediate_size=256,
+               num_attention_heads=4, max_position_embeddings=64)
+    # Past the config's check, to compile what it refuses.
+    object.__setattr__(cfg, "layer_loop", layer_loop)
+    object.__setattr__(cfg, "remat", remat)
+    model = Albert(cfg)
+    ids = jnp.ones((8, 64), jnp.int32)
+    loss = lambda p: jnp.sum(model.apply(  # noqa: E731
+        {"params": p}, ids)["sequence_output"] ** 2)
+    compiled = jax.jit(jax.grad(loss)).lower(random_params(cfg)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  unrolled = temporaries("unroll", "full")
+  assert unrolled == temporaries("unroll", "none")
+  assert temporaries("scan", "full") < 0.7 * unrolled
+
+
 @pytest.mark.parametrize("platform, unrolled", [
     ("cpu", False), ("gpu", True), ("tpu", True)])
 def test_auto_layer_loop_unrolls_on_accelerators(platform, unrolled):
@@ -494,6 +517,8 @@ def test_auto_layer_loop_unrolls_on_accelerators(platform, unrolled):
     assert encoder_lib.unrolls_layers(
         tiny(layer_loop="scan")) is False
     assert encoder_lib.unrolls_layers(tiny(layer_loop="unroll")) is True
+    # Remat needs the loop (`test_remat_needs_the_layer_loop`).
+    assert encoder_lib.unrolls_layers(tiny(remat="full")) is False
   # Unrolled, the FFN's recomputed activation is fenced from CSE (else
   # XLA merges it with the forward's and keeps the output after all).
   model = Albert(tiny(layer_loop="unroll"))
@@ -521,6 +546,9 @@ def test_auto_layer_loop_unrolls_on_accelerators(platform, unrolled):
     (dict(num_hidden_groups=4), r"num_hidden_groups \(4\) exceeds"),
     (dict(remat="everything"), r"model.remat='everything'"),
     (dict(layer_loop="while"), r"model.layer_loop='while'; choose one of"),
+    (dict(layer_loop="unroll", remat="full"),
+     r"config: model.remat='full' with model.layer_loop='unroll' saves no "
+     r"memory"),
     (dict(attention_impl="flash"), r"model.attention_impl='flash'"),
     (dict(hidden_dropout_prob=1.0), r"hidden_dropout_prob must be in \[0, 1"),
     (dict(num_hidden_layers=0), r"num_hidden_layers must be a positive"),
