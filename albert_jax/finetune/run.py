@@ -209,7 +209,7 @@ def _start_state(config, workdir: str, setup: _Setup, mesh, rules):
   head, its optimizer and the train state, restored from the workdir's
   newest checkpoint, else fresh with the pre-trained encoder placed in."""
   objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
-  tx, schedule = optim.make(config)
+  tx, schedule = optim.make(config, setup.model_config)
   init = state_lib.state_init_fn(setup.spec.init_params, tx)
   encoder = setup.encoder
   required = ("lm",) if setup.lm_weight > 0 else ()
