@@ -19,6 +19,7 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax import tree
+from albert_jax.model.config import ModelConfig
 from albert_jax.training import optimizer as optim
 
 COPIES, H, E, V, F = 3, 6, 4, 10, 8
@@ -537,7 +538,6 @@ def test_layer_rates_are_electras_by_hand():
   at depth L + 1."""
   model = config_lib.model_config(**{**config_lib.TINY, "num_hidden_layers": 3,
                                      "share": "none"})
-  from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_dict(model.to_dict())
   factors = tree.flatten(optim.layer_lr_multipliers(
       _unflat(_fine_tuning_tree(3)), cfg, 0.5))
@@ -570,7 +570,6 @@ def test_layer_rates_are_electras_by_hand():
 def test_layer_rates_follow_copies_to_their_layer():
   """inner_group_num 2: each layer applies two blocks, two copies of the
   stack, both at the layer's depth."""
-  from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_dict(config_lib.model_config(
       **{**config_lib.TINY, "num_hidden_layers": 2, "share": "none",
          "inner_group_num": 2}).to_dict())
@@ -585,7 +584,6 @@ def test_layer_decay_scales_each_adamw_step_exactly():
   """Two steps of AdamW with decay 0.5 move every parameter by its factor
   times the undecayed step (Adam's moments see the same gradients; the
   weight decay is scaled with the rest, as ELECTRA's lr × (update + wd·w))."""
-  from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_dict(config_lib.model_config(
       **{**config_lib.TINY, "num_hidden_layers": 3, "share": "none"}
   ).to_dict())
@@ -616,7 +614,6 @@ def test_layer_decay_scales_each_adamw_step_exactly():
 
 @pytest.mark.parametrize("share", ["all", "attention", "ffn"])
 def test_layer_decay_refuses_shared_stacks(share):
-  from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_dict(config_lib.tiny_model(share=share).to_dict())
   config = make_config("adamw")
   with config.unlocked():
