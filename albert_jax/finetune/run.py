@@ -178,7 +178,9 @@ def _run(config, workdir: str, lease: lease_lib.Lease,
             "step": final_step, "best_step": best_step,
             "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in best_eval.items()},
-            "predictions": written, "goodput": out.goodput}
+            "predictions": written, "goodput": out.goodput,
+            # With the goodput's wall time, the device-hours spent.
+            "devices": jax.device_count()}
   if jax.process_index() == 0:
     storage.write_atomic(storage.path(workdir) / "final_metrics.json",
                          json.dumps(result, indent=2))
