@@ -8,8 +8,9 @@ five runs:
 
   python -m albert_jax.tools.downstream /path/to/albert-base-v2 \
       --suite=glue --workdir_root=/tmp/glue_eval --parallel=2
-  python -m albert_jax.tools.downstream gs://b/pretrain --suite=rte,mrpc,squad \
-      --seeds=3 --workdir_root=gs://b/eval -- --config.data.tfds_data_dir=gs://b/tfds
+  python -m albert_jax.tools.downstream gs://b/pretrain \
+      --suite=rte,mrpc,squad --seeds=3 --workdir_root=gs://b/eval \
+      -- --config.data.tfds_data_dir=gs://b/tfds
 
 MODEL is anything `--config.init` takes (an albert_jax pre-training workdir,
 an HF or official TF checkpoint directory). `--suite` is `glue` (its nine
