@@ -56,6 +56,12 @@ The report (WORKDIR_ROOT/report.md and report.json, printed at the end):
     device-hours (those seconds × the devices the trial ran on), per task
     and in total, with this command's own wall time.
 
+On a multi-host TPU slice every trial runs on all workers:
+`--print_commands --launcher=tpu > suite.sh && bash suite.sh` runs them
+with tpu_setup.sh, one after another, each on the whole slice (trials in
+gs://); the same command without --print_commands then finds them done and
+writes the report.
+
 Submission (WORKDIR_ROOT/submission): for each GLUE task, the test-set
 files of its median seed (GLUE's file names: CoLA.tsv, MNLI-m.tsv, ...,
 `index<TAB>prediction`), ready to zip for gluebenchmark.com (which also
@@ -198,13 +204,23 @@ def trial_overrides(task: Task, preset: str) -> dict[str, Any]:
           "checkpoint_every_steps": steps // SANE_EPOCHS}
 
 
+def _config_dir() -> str:
+  """configs/ as a trial's command names it: relative from the repository
+  root, as on a TPU slice's workers, whose copy lives elsewhere; else the
+  absolute path."""
+  here = os.path.join(os.getcwd(), "configs")
+  same = os.path.isdir(here) and os.path.samefile(here, CONFIGS)
+  return "configs" if same else CONFIGS
+
+
 def trials(model: str, names: Sequence[str], seeds: int, preset: str
            ) -> dict[str, tuple[str, dict[str, Any]]]:
   """name ("rte/seed=0") → (config spec, overrides) of every trial."""
   out = {}
+  configs = _config_dir()
   for name in names:
     task = TASKS[name]
-    config = os.path.join(CONFIGS, task.config)
+    config = os.path.join(configs, task.config)
     for seed in range(seeds):
       out[f"{name}/seed={seed}"] = (config, {
           "init": model, "seed": seed, **trial_overrides(task, preset)})
@@ -392,6 +408,9 @@ def _parse(argv):
       "trial, or a script path ending in .py.")
   add("--print_commands", action="store_true", help="Print one command per "
       "trial (done ones commented out); run nothing.")
+  add("--launcher", choices=("local", "tpu"), default="local", help="With "
+      "--print_commands: tpu runs each on all workers of a TPU slice via "
+      "tpu_setup.sh; rerun without it for the report.")
   split = argv.index("--") if "--" in argv else len(argv)
   return p.parse_args(argv[:split]), argv[split + 1:]
 
@@ -432,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                       for a in extra if a.startswith("--config.")])
     status, metrics = sweep.run_trials(
         planned, root, extra=extra, parallel=args.parallel,
-        main_module=args.main_module, print_commands=args.print_commands)
+        main_module=args.main_module, print_commands=args.print_commands,
+        launcher=args.launcher)
   except sweep.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -260,7 +260,7 @@ def test_print_commands_give_table_14_or_the_sane_preset(env, capsys):
                                "--print_commands")) == 0
   lines = capsys.readouterr().out.splitlines()
   assert len(lines) == 4
-  configs = os.path.join(REPO, "configs")
+  configs = "configs"  # from the repository root, as on a slice's workers
   assert lines[1].split()[2:] == [
       f"--config={configs}/glue.py:task=rte",
       f"--workdir={env['root']}/rte/seed=1",
@@ -271,6 +271,12 @@ def test_print_commands_give_table_14_or_the_sane_preset(env, capsys):
   line = capsys.readouterr().out
   assert "--config.num_train_steps=779 --config.optimizer.warmup_steps=78" \
       in line and "--config.optimizer.schedule=cosine" in line
+  # On a TPU slice: every trial through tpu_setup.sh on all workers.
+  assert downstream.main(_argv(env, "--suite=rte", "--seeds=1",
+                               "--print_commands", "--launcher=tpu")) == 0
+  assert capsys.readouterr().out.startswith(
+      "bash tpu_setup.sh run --name=$TPU_NAME --zone=$ZONE -- "
+      f"--config={configs}/glue.py:task=rte --workdir={env['root']}/rte/")
 
 
 def test_suite_runs_in_parallel_and_writes_report_and_submission(
