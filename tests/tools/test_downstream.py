@@ -94,7 +94,8 @@ SYNTHETIC = {
                   "eval_total": 100},
                  {"eval_exact": 80.0, "eval_f1": 83.0, "eval_NoAns_total": 50,
                   "eval_total": 100}],
-    "race": [_glue(0.80, 0.27), _glue(0.82, 0.27), _glue(0.81, 0.27)],
+    "race": [{"eval_accuracy": a, "eval_test/accuracy": b}
+             for a, b in ((0.80, 0.79), (0.25, 0.26), (0.81, 0.80))],
 }
 
 
@@ -146,7 +147,12 @@ def test_report_by_hand_for_every_task():
   assert t["squad1.1"]["diverged"] == [2]
   assert t["squad2.0"]["diverged"] == [1]
   assert t["squad2.0"]["score"] == pytest.approx(79.5)
-  assert t["race"]["metrics"]["acc"]["median"] == pytest.approx(81.0)
+  # RACE: dev accuracy scores, test accuracy beside it; chance diverges.
+  assert t["race"]["metrics"]["acc"] == pytest.approx(
+      {"median": 80.0, "min": 25.0, "max": 81.0})
+  assert t["race"]["metrics"]["test acc"]["median"] == pytest.approx(79.0)
+  assert t["race"]["score"] == pytest.approx(80.0)
+  assert t["race"]["diverged"] == [1] and t["race"]["median_seed"] == 0
   # GLUE score: the mean of the nine median task scores.
   medians = {"cola": 30.0, "sst2": 91.0, "mrpc": 83.0, "qqp": 88.5,
              "stsb": 87.5, "mnli": 84.5, "qnli": 91.0, "rte": 72.0,

@@ -105,7 +105,7 @@ def check_real_report(root, names, seeds):
       assert entry["metrics"][label] == pytest.approx(
           {"median": statistics.median(values), "min": min(values),
            "max": max(values)}), (name, label)
-    per_seed = [task.scale * statistics.mean(r[k] for _, k in task.metrics)
+    per_seed = [task.scale * statistics.mean(r[k] for k in task.score_keys)
                 for r in runs]
     assert entry["score"] == pytest.approx(statistics.median(per_seed))
     scores[name] = entry["score"]
