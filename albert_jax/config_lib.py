@@ -153,7 +153,12 @@ def _run_fields(c: ml_collections.ConfigDict, optimizer: str,
   c.optimizer = ml_collections.ConfigDict(dict(
       name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
       end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
-      weight_decay=0.01, bias_correction=False, clip_norm=1.0))
+      weight_decay=0.01, bias_correction=False, clip_norm=1.0,
+      # "polynomial" (ALBERT's) or "cosine" (GPT-1's; training/optimizer.py).
+      schedule="polynomial",
+      # ELECTRA's layer-wise decay of the rate when fine-tuning an unshared
+      # stack (training/optimizer.py, layer_lr_multipliers); 1.0: off.
+      layerwise_lr_decay=1.0))
 
   # Where the time goes (training/profiling.py, training/goodput.py):
   # profile.num_steps > 0 traces that many steps (from profile.start_step,

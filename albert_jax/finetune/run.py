@@ -178,7 +178,9 @@ def _run(config, workdir: str, lease: lease_lib.Lease,
             "step": final_step, "best_step": best_step,
             "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in best_eval.items()},
-            "predictions": written, "goodput": out.goodput}
+            "predictions": written, "goodput": out.goodput,
+            # With the goodput's wall time, the device-hours spent.
+            "devices": jax.device_count()}
   if jax.process_index() == 0:
     storage.write_atomic(storage.path(workdir) / "final_metrics.json",
                          json.dumps(result, indent=2))
@@ -209,7 +211,7 @@ def _start_state(config, workdir: str, setup: _Setup, mesh, rules):
   head, its optimizer and the train state, restored from the workdir's
   newest checkpoint, else fresh with the pre-trained encoder placed in."""
   objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
-  tx, schedule = optim.make(config)
+  tx, schedule = optim.make(config, setup.model_config)
   init = state_lib.state_init_fn(setup.spec.init_params, tx)
   encoder = setup.encoder
   required = ("lm",) if setup.lm_weight > 0 else ()

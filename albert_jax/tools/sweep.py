@@ -358,43 +358,57 @@ def _parse(argv):
   return p.parse_args(argv[:split]), argv[split + 1:]
 
 
-def main(argv: list[str] | None = None) -> int:
-  args, extra = _parse(sys.argv[1:] if argv is None else argv)
-  if args.parallel < 1:
-    print(f"sweep: --parallel={args.parallel}; give 1 (one trial after "
-          "another) or more.", file=sys.stderr)
-    return 2
-  try:
-    config, trials = load_sweep(args.sweep, args.config)
-    validate(config, trials, [a[len("--config."):].split("=", 1)[0]
-                              for a in extra if a.startswith("--config.")])
-  except SweepError as e:
-    print(f"sweep: {e}", file=sys.stderr)
-    return 2
-  root = os.fspath(storage.path(args.workdir_root.rstrip("/") or "/"))
-  module = args.main_module
-  python = "python" if args.print_commands else sys.executable
-  launch = [python, *([] if module.endswith(".py") else ["-m"]), module]
+def launch_command(main_module: str, python: str = sys.executable
+                   ) -> list[str]:
+  """The command that runs one trial, before its arguments: `python -m
+  MODULE`, or `python SCRIPT.py`."""
+  return [python, *([] if main_module.endswith(".py") else ["-m"]),
+          main_module]
+
+
+def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
+               extra: Iterable[str] = (), parallel: int = 1,
+               main_module: str = "albert_jax.main",
+               print_commands: bool = False, launcher: str = "local",
+               results_only: bool = False
+               ) -> tuple[dict[str, str], dict[str, dict | None]]:
+  """Runs every trial that is not done, `parallel` at a time.
+
+  Args:
+    trials: name → (base config spec, overrides); each runs in ROOT/NAME
+      with `extra` arguments after its own.
+    root: the trials' parent directory (local or gs://).
+    print_commands, launcher: print one command per trial (done ones
+      commented out) and run nothing.
+    results_only: run nothing; read what is done.
+
+  Returns:
+    (status, metrics): per trial "done" (skipped), "ok", "failed" or
+    "missing" (not run), and its final_metrics.json (None where none).
+
+  Raises:
+    SweepError: a damaged final_metrics.json, or done trials whose recorded
+      arguments differ from these (`other_arguments`).
+  """
+  python = "python" if print_commands else sys.executable
+  launch = launch_command(main_module, python)
+  extra = list(extra)
   status, metrics, todo, differ, said = {}, {}, [], [], []
-  for i, (name, trial) in enumerate(trials.items(), 1):
+  for i, (name, (config, trial)) in enumerate(trials.items(), 1):
     workdir, prefix = f"{root}/{name}", f"[{i}/{len(trials)}] {name}"
     # Printing commands need not reach gs://.
-    remote = args.print_commands and storage.is_remote(root)
-    try:
-      metrics[name] = None if remote else read_metrics(workdir)
-    except SweepError as e:
-      print(f"sweep: {e}", file=sys.stderr)
-      return 2
+    remote = print_commands and storage.is_remote(root)
+    metrics[name] = None if remote else read_metrics(workdir)
     status[name] = "missing" if metrics[name] is None else "done"
     cmd = _main_args(config, workdir, trial, extra)
     if status[name] == "done" and (why := other_arguments(workdir, cmd)):
       differ.append(f"{workdir} ({why})")
-    if args.print_commands:
-      line = shlex.join(launch + cmd) if args.launcher == "local" else (
+    if print_commands:
+      line = shlex.join(launch + cmd) if launcher == "local" else (
           "bash tpu_setup.sh run --name=$TPU_NAME --zone=$ZONE -- "
           + shlex.join(cmd))
       said.append(f"# {name}: done" if status[name] == "done" else line)
-    elif args.results_only:
+    elif results_only:
       continue
     elif status[name] == "done":
       said.append(f"{prefix}: done, skipped")
@@ -403,22 +417,45 @@ def main(argv: list[str] | None = None) -> int:
              if storage.is_remote(root) else epath.Path(workdir, "sweep.log"))
       todo.append((name, (launch + cmd, workdir, log, prefix)))
   if differ:
-    print(f"sweep: {len(differ)} done trial(s) ran with other arguments than "
-          f"this sweep gives them: {differ[0]}"
-          + (f" and {len(differ) - 1} more" if len(differ) > 1 else "")
-          + ". Rerun with the arguments they ran with, or give another "
-          "--workdir_root, so that one table does not mix two setups.",
-          file=sys.stderr)
-    return 2
+    raise SweepError(
+        f"{len(differ)} done trial(s) ran with other arguments than this "
+        f"sweep gives them: {differ[0]}"
+        + (f" and {len(differ) - 1} more" if len(differ) > 1 else "")
+        + ". Rerun with the arguments they ran with, or give another "
+        "--workdir_root, so that one table does not mix two setups.")
   for line in said:
     print(line)
-  if args.print_commands:
-    return 0
+  if print_commands:
+    return status, metrics
   for name, (cmd, workdir, _, _) in todo:
     storage.path(workdir).mkdir(parents=True, exist_ok=True)
     storage.write_atomic(storage.path(workdir) / ARGS_FILE, json.dumps(
         _recorded_args(cmd[len(launch):])))
-  _run_all(todo, args.parallel, status, metrics)
+  _run_all(todo, parallel, status, metrics)
+  return status, metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+  args, extra = _parse(sys.argv[1:] if argv is None else argv)
+  if args.parallel < 1:
+    print(f"sweep: --parallel={args.parallel}; give 1 (one trial after "
+          "another) or more.", file=sys.stderr)
+    return 2
+  root = os.fspath(storage.path(args.workdir_root.rstrip("/") or "/"))
+  try:
+    config, trials = load_sweep(args.sweep, args.config)
+    validate(config, trials, [a[len("--config."):].split("=", 1)[0]
+                              for a in extra if a.startswith("--config.")])
+    status, metrics = run_trials(
+        {name: (config, trial) for name, trial in trials.items()}, root,
+        extra=extra, parallel=args.parallel, main_module=args.main_module,
+        print_commands=args.print_commands, launcher=args.launcher,
+        results_only=args.results_only)
+  except SweepError as e:
+    print(f"sweep: {e}", file=sys.stderr)
+    return 2
+  if args.print_commands:
+    return 0
   table = results_table(trials, status, metrics)
   print("\n" + table)
   storage.path(root).mkdir(parents=True, exist_ok=True)

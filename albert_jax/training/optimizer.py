@@ -15,6 +15,10 @@ Differences from `optax.lamb` that matter for reproducing ALBERT:
 
 `optimizer.schedule="cosine"` gives GPT-1's schedule instead: linear warmup
 from 0, then a cosine anneal to `end_learning_rate` at `num_train_steps`.
+
+`optimizer.layerwise_lr_decay` d < 1 (fine-tuning an unshared stack only)
+scales each parameter's step as ELECTRA's `_get_layer_lrs` does
+(`layer_lr_multipliers`): lower layers, nearer the input, move less.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from albert_jax import tree as tree_lib
@@ -76,6 +81,81 @@ def cosine_schedule(peak: float, num_train_steps: int, warmup_steps: int,
 
 
 SCHEDULES = ("polynomial", "cosine")
+
+# Where `layer_lr_multipliers` finds the encoder's parts, with or without a
+# fine-tuning model's "albert/" scope.
+_EMBEDDING_PARTS = (r"^(albert/)?(embeddings|"
+                    r"encoder/embedding_hidden_mapping_in)/")
+_LAYER_STACKS = r"^(albert/)?encoder/(attention|ffn)/"
+_POOLER = r"^(albert/)?pooler/"
+
+
+def layer_lr_multipliers(params, model_config, decay: float) -> Any:
+  """Per-parameter learning-rate factors of ELECTRA's layer-wise decay.
+
+  ELECTRA's `_get_layer_lrs` (model/optimization.py) gives each part a depth
+  and the rate lr × decay^(L + 2 − depth), L = num_hidden_layers: the
+  embeddings (and their E→H projection) depth 0, layer i (0-based) depth
+  i + 1, the task head depth L + 2. So the head trains at the full rate, the
+  top layer at decay², the bottom layer at decay^(L+1) and the embeddings at
+  decay^(L+2). ELECTRA has no pooler; here it sits between the top layer and
+  the head at the depth ELECTRA leaves free, L + 1 (factor decay). Any other
+  parameter (the head, a next-token head) is task-specific: factor 1.
+
+  Args:
+    params: the parameter pytree (or one of its structure, e.g. updates).
+    model_config: the encoder's `ModelConfig`; its stacks must be unshared
+      (`share="none"`), each copy being one block of one layer.
+    decay: the factor per layer, in (0, 1].
+
+  Returns:
+    A pytree like `params` of float32 factors: scalars, and for the layer
+    stacks [copies, 1, ...] arrays, one factor per copy (copy c is applied
+    block c of layer c // inner_group_num).
+
+  Raises:
+    ValueError: a shared stack (one parameter set serves several layers, so
+      it has no one depth).
+  """
+  shared = [c for c in ("attention", "ffn") if model_config.is_shared(c)]
+  if shared and decay != 1:
+    raise ValueError(
+        f"optimizer.layerwise_lr_decay={decay} needs a layer's own "
+        f"parameters, but model.share={model_config.share!r} shares the "
+        f"{' and '.join(shared)} parameters: one set serves every layer, so "
+        "it has no depth to decay by; leave --config.optimizer."
+        "layerwise_lr_decay=1.0, or fine-tune an unshared (share='none') "
+        "model.")
+  layers = model_config.num_hidden_layers
+  inner = model_config.inner_group_num
+
+  def factor(path: str, leaf) -> Any:
+    if re.search(_EMBEDDING_PARTS, path):
+      return jnp.float32(decay ** (layers + 2))
+    if re.search(_LAYER_STACKS, path):
+      depth = np.arange(leaf.shape[0]) // inner + 1
+      rates = (decay ** (layers + 2 - depth)).astype(np.float32)
+      return jnp.asarray(rates.reshape((-1,) + (1,) * (len(leaf.shape) - 1)))
+    if re.search(_POOLER, path):
+      return jnp.float32(decay)
+    return jnp.float32(1.0)
+
+  return jax.tree.map(factor, tree_lib.paths(params), params)
+
+
+def scale_by_layer(model_config, decay: float) -> optax.GradientTransformation:
+  """Multiplies each update by its `layer_lr_multipliers` factor."""
+  def init(params):
+    layer_lr_multipliers(params, model_config, decay)  # refuse shared early
+    return optax.EmptyState()
+
+  def update(updates, state, params=None):
+    del params
+    factors = layer_lr_multipliers(updates, model_config, decay)
+    return jax.tree.map(lambda u, f: (u * f).astype(u.dtype), updates,
+                        factors), state
+
+  return optax.GradientTransformation(init, update)
 
 
 class ScaleByAdamState(NamedTuple):
@@ -199,7 +279,9 @@ def check(config) -> None:
        "clipping)", 1.0),
       ("power", lambda v: v > 0, "a finite number > 0", 1.0),
       ("warmup_steps", lambda v: v >= 0 and v == int(v), "a whole number "
-       ">= 0", 0))
+       ">= 0", 0),
+      ("layerwise_lr_decay", lambda v: 0 < v <= 1, "in (0, 1] (1: no "
+       "decay)", 1.0))
   problems = []
   for key, ok, allowed, example in rules:
     if key not in o:
@@ -209,6 +291,12 @@ def check(config) -> None:
     if not (number and math.isfinite(value) and ok(value)):
       problems.append(f"config.optimizer.{key}={value!r} must be {allowed}, "
                       f"e.g. --config.optimizer.{key}={example}")
+  decay = o.get("layerwise_lr_decay", 1.0)
+  if config.get("job", "pretrain") != "finetune" and decay != 1:
+    # ELECTRA decays the rates when fine-tuning; pre-training trains every
+    # layer from scratch, where slower lower layers would only lag.
+    problems.append(f"config.optimizer.layerwise_lr_decay={decay!r} is for "
+                    "fine-tuning; a pre-training run keeps it at 1.0")
   steps = config.get("num_train_steps")
   if steps is not None and not (isinstance(steps, int) and steps >= 0):
     problems.append(f"config.num_train_steps={steps!r} must be a whole "
@@ -217,13 +305,16 @@ def check(config) -> None:
     raise ValueError("; ".join(problems) + ".")
 
 
-def make(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make(config, model_config=None
+         ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Optimizer and schedule from `config.optimizer` and the step count.
 
   Reads: optimizer.{name, learning_rate, warmup_steps, end_learning_rate,
   power, b1, b2, eps, weight_decay, bias_correction, clip_norm} and
   config.num_train_steps; optimizer.schedule ("polynomial", ALBERT's, when
-  absent, or "cosine", GPT-1's; `power` applies to the polynomial only).
+  absent, or "cosine", GPT-1's; `power` applies to the polynomial only);
+  optimizer.layerwise_lr_decay (1.0 when absent), which needs
+  `model_config`, the encoder's `ModelConfig` (`layer_lr_multipliers`).
   """
   o = config.optimizer
   if o.name not in OPTIMIZERS:
@@ -242,6 +333,13 @@ def make(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
   tx = OPTIMIZERS[o.name](schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                           weight_decay=o.weight_decay,
                           bias_correction=o.bias_correction)
+  decay = o.get("layerwise_lr_decay", 1.0)
+  if decay != 1:
+    if model_config is None:
+      raise ValueError(f"optimizer.layerwise_lr_decay={decay} needs the "
+                       "model's layers; it applies to fine-tuning only.")
+    layer_lr_multipliers({}, model_config, decay)  # refuse shared stacks now
+    tx = optax.chain(tx, scale_by_layer(model_config, decay))
   if o.clip_norm and o.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
   return tx, schedule

@@ -186,7 +186,8 @@ def test_unknown_keys_fail_early_with_suggestions(env, capsys):
   assert ("Unknown config key 'optimizer.learning_rat'; did you mean "
           "optimizer.learning_rate, ") in err
   assert ("Fields of optimizer: b1, b2, bias_correction, clip_norm, "
-          "end_learning_rate, eps, learning_rate, name, ") in err
+          "end_learning_rate, eps, layerwise_lr_decay, learning_rate, "
+          "name, ") in err
   assert ("Unknown config key 'learning_rate'; did you mean "
           "optimizer.learning_rate, ") in err
   assert "Unknown config key 'model.shar'; did you mean model.share, " in err

@@ -19,6 +19,7 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax import tree
+from albert_jax.model.config import ModelConfig
 from albert_jax.training import optimizer as optim
 
 COPIES, H, E, V, F = 3, 6, 4, 10, 8
@@ -497,3 +498,157 @@ def test_check_accepts_every_shipped_config():
     optim.check(config)
     if config.get("finetune") is not None:
       optim.check(config.finetune)
+
+
+################################################################################
+# Layer-wise learning-rate decay (ELECTRA's `_get_layer_lrs`).
+################################################################################
+
+
+def _fine_tuning_tree(layers, copies=None, scope="albert/"):
+  """Zeros named and shaped like a fine-tuned model's parameters: an
+  unshared stack of `copies` (default `layers`) blocks, a pooler, a head."""
+  copies = layers if copies is None else copies
+  return {k: jnp.zeros(s, jnp.float32) for k, s in {
+      f"{scope}embeddings/word_embeddings/embedding": (V, E),
+      f"{scope}embeddings/layer_norm/scale": (E,),
+      f"{scope}encoder/embedding_hidden_mapping_in/kernel": (E, H),
+      f"{scope}encoder/attention/query/kernel": (copies, H, 2, 3),
+      f"{scope}encoder/attention/layer_norm/bias": (copies, H),
+      f"{scope}encoder/ffn/output/kernel": (copies, F, H),
+      f"{scope}pooler/kernel": (H, H),
+      "head/classifier/kernel": (H, 2),
+      "head/classifier/bias": (2,)}.items()}
+
+
+def _unflat(flat):
+  out = {}
+  for path, leaf in flat.items():
+    *parents, name = path.split("/")
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[name] = leaf
+  return out
+
+
+def test_layer_rates_are_electras_by_hand():
+  """L = 3, decay 0.5: ELECTRA's lr × 0.5^(L + 2 − depth) with depth 0 for
+  the embeddings, i + 1 for layer i and L + 2 for the head; the pooler sits
+  at depth L + 1."""
+  model = config_lib.model_config(**{**config_lib.TINY, "num_hidden_layers": 3,
+                                     "share": "none"})
+  cfg = ModelConfig.from_dict(model.to_dict())
+  factors = tree.flatten(optim.layer_lr_multipliers(
+      _unflat(_fine_tuning_tree(3)), cfg, 0.5))
+  for key in ("embeddings/word_embeddings/embedding",
+              "embeddings/layer_norm/scale",
+              "encoder/embedding_hidden_mapping_in/kernel"):
+    assert float(factors[f"albert/{key}"]) == 0.03125  # 0.5^5
+  for key, shape in (("attention/query/kernel", (3, 1, 1, 1)),
+                     ("attention/layer_norm/bias", (3, 1)),
+                     ("ffn/output/kernel", (3, 1, 1))):
+    f = np.asarray(factors[f"albert/encoder/{key}"])
+    assert f.shape == shape
+    # Bottom layer 0.5^4, then 0.5^3, top layer 0.5^2.
+    assert f.ravel().tolist() == [0.0625, 0.125, 0.25]
+  assert float(factors["albert/pooler/kernel"]) == 0.5
+  assert float(factors["head/classifier/kernel"]) == 1.0
+  assert float(factors["head/classifier/bias"]) == 1.0
+  # Pre-training names (no "albert/" scope) get the same rates; decay 1 is
+  # every factor 1.
+  bare = tree.flatten(optim.layer_lr_multipliers(
+      _unflat(_fine_tuning_tree(3, scope="")), cfg, 0.5))
+  assert float(bare["embeddings/layer_norm/scale"]) == 0.03125
+  assert np.asarray(bare["encoder/ffn/output/kernel"]).ravel().tolist() == [
+      0.0625, 0.125, 0.25]
+  ones = tree.flatten(optim.layer_lr_multipliers(
+      _unflat(_fine_tuning_tree(3)), cfg, 1.0))
+  assert all(np.all(np.asarray(v) == 1.0) for v in ones.values())
+
+
+def test_layer_rates_follow_copies_to_their_layer():
+  """inner_group_num 2: each layer applies two blocks, two copies of the
+  stack, both at the layer's depth."""
+  cfg = ModelConfig.from_dict(config_lib.model_config(
+      **{**config_lib.TINY, "num_hidden_layers": 2, "share": "none",
+         "inner_group_num": 2}).to_dict())
+  factors = tree.flatten(optim.layer_lr_multipliers(
+      _unflat(_fine_tuning_tree(2, copies=4)), cfg, 0.5))
+  # L = 2: layer 0 at 0.5^3, layer 1 at 0.5^2.
+  assert np.asarray(factors["albert/encoder/ffn/output/kernel"]).ravel(
+  ).tolist() == [0.125, 0.125, 0.25, 0.25]
+
+
+def test_layer_decay_scales_each_adamw_step_exactly():
+  """Two steps of AdamW with decay 0.5 move every parameter by its factor
+  times the undecayed step (Adam's moments see the same gradients; the
+  weight decay is scaled with the rest, as ELECTRA's lr × (update + wd·w))."""
+  cfg = ModelConfig.from_dict(config_lib.model_config(
+      **{**config_lib.TINY, "num_hidden_layers": 3, "share": "none"}
+  ).to_dict())
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda z: jnp.asarray(rng.normal(size=z.shape), jnp.float32),
+      _unflat(_fine_tuning_tree(3)))
+  grads = [jax.tree.map(
+      lambda z: jnp.asarray(rng.normal(size=z.shape), jnp.float32), params)
+           for _ in range(2)]
+  config = make_config("adamw")
+  with config.unlocked():
+    config.job = "finetune"
+  plain, _ = run_ours(optim.make(config)[0], params, grads)
+  config.optimizer.layerwise_lr_decay = 0.5
+  optim.check(config)
+  decayed, _ = run_ours(optim.make(config, cfg)[0], params, grads)
+  factors = optim.layer_lr_multipliers(params, cfg, 0.5)
+  # The first step's rate is 0 (warmup from 0), so both runs reach the
+  # second step from the same parameters. Clipping is by the global norm of
+  # the gradients, before the decay.
+  for p0, p1, p2, f in zip(*(jax.tree.leaves(t) for t in (
+      params, plain[1], decayed[1], factors))):
+    assert np.all(p1 != p0)
+    np.testing.assert_allclose(p2 - p0, (p1 - p0) * np.asarray(f),
+                               rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("share", ["all", "attention", "ffn"])
+def test_layer_decay_refuses_shared_stacks(share):
+  cfg = ModelConfig.from_dict(config_lib.tiny_model(share=share).to_dict())
+  config = make_config("adamw")
+  with config.unlocked():
+    config.job = "finetune"
+  config.optimizer.layerwise_lr_decay = 0.8
+  with pytest.raises(ValueError) as error:
+    optim.make(config, cfg)
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith("optimizer.layerwise_lr_decay=0.8 needs a "
+                            "layer's own parameters, but model.share=")
+  assert "one set serves every layer" in message
+  assert "layerwise_lr_decay=1.0" in message
+  # Off, a shared stack trains as before.
+  config.optimizer.layerwise_lr_decay = 1.0
+  optim.make(config, cfg)
+
+
+def test_layer_decay_check():
+  config = make_config("adamw")
+  assert config.optimizer.layerwise_lr_decay == 1.0
+  config.optimizer.layerwise_lr_decay = 0.9
+  with pytest.raises(ValueError, match=r"^config.optimizer.layerwise_lr_decay"
+                     r"=0.9 is for fine-tuning; a pre-training run keeps it "
+                     r"at 1.0\.$"):
+    optim.check(config)
+  with config.unlocked():
+    config.job = "finetune"
+  optim.check(config)
+  for bad in (0.0, 1.5, float("nan")):
+    config.optimizer.layerwise_lr_decay = bad
+    with pytest.raises(ValueError, match=re.escape(
+        f"config.optimizer.layerwise_lr_decay={bad!r} must be in (0, 1] "
+        "(1: no decay), e.g. --config.optimizer.layerwise_lr_decay=1.0.")):
+      optim.check(config)
+  config.optimizer.layerwise_lr_decay = 0.9
+  with pytest.raises(ValueError, match="applies to fine-tuning only"):
+    optim.make(config)  # no model: nothing to decay by

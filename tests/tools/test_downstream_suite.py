@@ -1,0 +1,170 @@
+"""albert_jax.tools.downstream end to end with the real trainer, on TFDS's
+mock data: one GLUE task over two seeds run in parallel, then every GLUE
+task, SQuAD v1.1 and v2.0 and RACE; the reports recomputed by hand from the
+trials' own final_metrics.json, the submission files parsed back.
+
+Each trial is its own `python -m albert_jax.main` process (through a
+wrapper that serves mock data), one optimizer step of a tiny ALBERT; on a
+CPU each costs tens of seconds of start-up, so this file takes minutes.
+"""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from albert_jax import config_lib
+from albert_jax.interop.pretrained import Pretrained
+from albert_jax.model import albert as albert_lib
+from albert_jax.model.config import ModelConfig
+from albert_jax.text.tokenizer import Tokenizer
+from albert_jax.tools import downstream
+from albert_jax.training.loop import FAST_COMPILE_OPTIONS
+from locations import REPO
+
+MOCK_MAIN = textwrap.dedent("""\
+    # albert_jax.main on TFDS's mock data, compiles cached across trials.
+    import os, sys
+    sys.path[:0] = [os.environ["MOCK_TESTS_DIR"],  # and tests/, for locations
+                    os.path.dirname(os.environ["MOCK_TESTS_DIR"])]
+    import jax
+    jax.config.update("jax_compilation_cache_dir", os.environ["MOCK_CACHE"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    import tensorflow_datasets as tfds
+    from albert_jax import main
+    if any(a.endswith("race.py:subset=all") for a in sys.argv):
+      # Random RACE rows are inconsistent; serve test_finetune_race's.
+      import test_finetune_race
+      mock = tfds.testing.mock_data(
+          as_dataset_fn=test_finetune_race._fake_race())
+    else:
+      mock = tfds.testing.mock_data(num_examples=6)
+    with mock:
+      main.run()
+    """)
+
+# One optimizer step on short rows: what every real trial here runs.
+ONE_STEP = ["--config.num_train_steps=1", "--config.optimizer.warmup_steps=0",
+            "--config.batch_size=4", "--config.data.max_seq_length=32",
+            "--config.eval_every_steps=1", "--config.checkpoint_every_steps=1",
+            "--config.log_every_steps=1", "--config.async_checkpoints=false",
+            "--config.fast_compile=true"]
+
+
+
+
+@pytest.fixture(name="tiny_hf", scope="session")
+def fixture_tiny_hf(tiny_spm, tmp_path_factory):
+  """A tiny random ALBERT written as an HF directory with `tiny_spm`."""
+  section = config_lib.tiny_model(vocab_size=300, max_position_embeddings=64,
+                                  num_hidden_layers=1)
+  cfg = ModelConfig.from_dict(section.to_dict())
+  module = albert_lib.Albert(cfg, pooler=True, heads=())
+  params = jax.jit(
+      lambda k: module.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
+      compiler_options=dict(FAST_COMPILE_OPTIONS))(jax.random.key(0))
+  out = tmp_path_factory.mktemp("tiny_hf")
+  Pretrained(section, cfg, params,
+             tokenizer=Tokenizer.from_file(tiny_spm)).to_hf(str(out))
+  return str(out)
+
+
+def run_real(model, root, suite, seeds, parallel, cache, extra=()):
+  """The command in a fresh process, on TFDS mock data, one step a trial."""
+  pytest.importorskip("tensorflow_datasets")
+  mock = root.parent / "mock_main.py"
+  mock.write_text(MOCK_MAIN)
+  return subprocess.run(
+      [sys.executable, "-m", "albert_jax.tools.downstream", model,
+       f"--suite={suite}", f"--seeds={seeds}", f"--parallel={parallel}",
+       f"--workdir_root={root}", f"--main_module={mock}", "--", *ONE_STEP,
+       *extra],
+      cwd=REPO, capture_output=True, text=True, check=False,
+      env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+           "MOCK_TESTS_DIR": str(REPO / "tests" / "finetune"),
+           "MOCK_CACHE": str(cache)})
+
+
+def check_real_report(root, names, seeds):
+  """The report against the trials' own final_metrics.json, by hand."""
+  report = json.loads((root / "report.json").read_text())
+  scores = {}
+  for name in names:
+    task = downstream.TASKS[name]
+    runs = [json.loads((root / name / f"seed={k}" / "final_metrics.json")
+                       .read_text()) for k in range(seeds)]
+    entry = report["tasks"][name]
+    assert entry["finished"] == list(range(seeds))
+    for label, key in task.metrics:
+      values = [task.scale * r[key] for r in runs]
+      assert entry["metrics"][label] == pytest.approx(
+          {"median": statistics.median(values), "min": min(values),
+           "max": max(values)}), (name, label)
+    per_seed = [task.scale * statistics.mean(r[k] for k in task.score_keys)
+                for r in runs]
+    assert entry["score"] == pytest.approx(statistics.median(per_seed))
+    scores[name] = entry["score"]
+    wall = sum(r["goodput"]["wall_seconds"] for r in runs)
+    assert wall > 0 and entry["wall_seconds"] == pytest.approx(wall)
+    assert entry["device_hours"] == pytest.approx(
+        sum(r["goodput"]["wall_seconds"] * r["devices"] for r in runs)
+        / 3600)
+  glue = [s for n, s in scores.items() if downstream.TASKS[n].glue]
+  if glue:
+    assert report["glue"]["score"] == pytest.approx(statistics.mean(glue))
+  return report
+
+
+def test_one_task_two_seeds_in_parallel(tiny_hf, tmp_path):
+  root = tmp_path / "runs"
+  result = run_real(tiny_hf, root, "rte", 2, 2, tmp_path / "cache")
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  report = check_real_report(root, ["rte"], 2)
+  assert "| rte | acc " in result.stdout and "GLUE score" in result.stdout
+  seed = report["tasks"]["rte"]["median_seed"]
+  with open(root / "submission" / "RTE.tsv", newline="",
+            encoding="utf-8") as f:
+    rows = list(csv.reader(f, delimiter="\t"))
+  assert rows[0] == ["index", "prediction"] and len(rows) == 7  # 6 mock rows
+  indexes = [int(r[0]) for r in rows[1:]]
+  assert indexes == sorted(indexes)
+  assert {r[1] for r in rows[1:]} <= {"entailment", "not_entailment"}
+  assert (root / "submission" / "RTE.tsv").read_bytes() == (
+      root / "rte" / f"seed={seed}" / "predictions" / "RTE.tsv").read_bytes()
+
+
+def test_every_task_on_mock_data(tiny_hf, tmp_path):
+  root = tmp_path / "runs"
+  result = run_real(tiny_hf, root, "glue,squad", 1, 2, tmp_path / "cache")
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  names = downstream.parse_suite("glue,squad")
+  report = check_real_report(root, names, 1)
+  assert report["glue"]["tasks"] == sorted(downstream.GLUE)
+  assert not report["glue"]["partial"]
+  for name in names:
+    assert f"| {name} | " in result.stdout
+  assert "GLUE score (macro-average of task scores)" in result.stdout
+  assert "device-hours" in result.stdout
+  submitted = sorted((root / "submission").iterdir())
+  assert [p.name for p in submitted] == sorted(
+      f for n in downstream.GLUE for f in downstream.TASKS[n].files
+      if f != "AX.tsv")
+  for path in submitted:
+    with open(path, newline="", encoding="utf-8") as f:
+      rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction"] and len(rows) > 1, path.name
+  # RACE's question+option budget (128 tokens) needs more than the 32 the
+  # others run at; `--` arguments go to every trial, so it runs on its own.
+  root = tmp_path / "race"
+  result = run_real(tiny_hf, root, "race", 1, 1, tmp_path / "cache",
+                    ["--config.data.max_qa_length=12"])
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  report = check_real_report(root, ["race"], 1)
+  assert "| race | acc " in result.stdout and report["glue"] is None
