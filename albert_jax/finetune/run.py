@@ -273,15 +273,15 @@ def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
              100 * packing.padding_fraction(setup.train_split.features))
   train_batches = batching.ArrayBatches(
       features, config.batch_size, sharding=data_sharding, seed=config.seed)
-  return loop.fit(
-      config, state=start.state, train_step=train, mngr=start.mngr,
+  return loop.fit(config, loop.FitPlan(
+      state=start.state, train_step=train, mngr=start.mngr,
       workdir=workdir, batches=train_batches.iterate(
           start_step, max(config.num_train_steps - start_step, 0)),
       start_step=start_step, resumed=start.resumed, evaluate=evaluate,
       flops_per_step=setup.spec.flops_per_step(config.batch_size),
       tokens_per_sequence=setup.spec.tokens_per_row,
       param_paths=list(tree_lib.flatten(start.state["params"])),
-      best_key=setup.best_key, lease=lease, started_at=started_at)
+      best_key=setup.best_key, lease=lease, started_at=started_at))
 
 
 def _best_params(workdir: str, out, start) -> tuple[int, int, Any]:

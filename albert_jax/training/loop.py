@@ -178,24 +178,19 @@ def _loader_hint(config) -> str:
           f"config.data.prefetch (now {data.get('prefetch')}), ")
 
 
-def fit(config, *, state, train_step: Callable, batches: Iterable,
-        start_step: int, resumed: bool, mngr, workdir: str,
-        evaluate: Callable[[Any, int], dict[str, float]] | None,
-        flops_per_step: float, tokens_per_sequence: int,
-        param_paths: list[str], best_key: str | None = None,
-        lease: lease_lib.Lease | None = None,
-        started_at: float | None = None) -> FitResult:
-  """Runs `train_step` over `batches` up to `config.num_train_steps`.
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+  """What `fit` runs: a train step over batches, from where the run starts.
 
-  Args:
-    config: the run's config (log/eval/checkpoint cadence, batch_size,
-      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+  Attributes:
     state: the train state at `start_step`.
     train_step: jitted (state, batch) → (state, metrics), as built by
       `step.make_train_step` + `step.jit_train_step`.
     batches: yields (step, global batch) from `start_step` on.
+    start_step: the step `state` is at.
     resumed: the state came from a checkpoint at `start_step`.
     mngr: the workdir's checkpoint manager.
+    workdir: where the checkpoints, metrics and goodput record go.
     evaluate: (state, step) → eval metrics, or None for no evaluation.
     flops_per_step: training FLOPs of one step, for MFU.
     tokens_per_sequence: for the tokens/s figure.
@@ -204,34 +199,54 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
       (the manager's `best_metric`); None to rank none.
     lease: the workdir's lease; once another run has taken it over, the
       run stops before its next save (WorkdirBusyError).
-    started_at: `time.time()` when the run started (default: now), so that
+    started_at: `time.time()` when the run started (None: now), so that
       goodput counts the start-up before `fit`.
+  """
+  state: Any
+  train_step: Callable
+  batches: Iterable
+  start_step: int
+  resumed: bool
+  mngr: Any
+  workdir: str
+  evaluate: Callable[[Any, int], dict[str, float]] | None
+  flops_per_step: float
+  tokens_per_sequence: int
+  param_paths: list[str]
+  best_key: str | None = None
+  lease: lease_lib.Lease | None = None
+  started_at: float | None = None
+
+
+def fit(config, plan: FitPlan) -> FitResult:
+  """Runs the plan's train step over its batches to `config.num_train_steps`.
+
+  Args:
+    config: the run's config (log/eval/checkpoint cadence, batch_size,
+      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+    plan: the state, step, batches and the rest of what the run needs.
 
   Returns:
     The final state, the last eval, the preemption step (if any), the
     number of skipped (non-finite) steps and the goodput summary.
   """
-  run = _Fit(config, state=state, train_step=train_step, start_step=start_step,
-             resumed=resumed, mngr=mngr, workdir=workdir, evaluate=evaluate,
-             flops_per_step=flops_per_step,
-             tokens_per_sequence=tokens_per_sequence, param_paths=param_paths,
-             best_key=best_key, started_at=started_at)
+  run = _Fit(config, plan)
   account = run.account
   with guards.Preemption() as preemption:
     run.preemption = preemption
     try:
       account.book("startup")
-      for step, batch in batches:
+      for step, batch in plan.batches:
         account.data_waited()
         run.profiler.before(step + 1, run.state)
         done, m = run.train(step, batch)
         run.last_batch = batch
-        stop, lost = preemption.agreed(lease)
+        stop, lost = preemption.agreed(plan.lease)
         if lost:
           raise lease_lib.WorkdirBusyError(
-              f"The lease on {workdir} was taken over by another run at step "
-              f"{done}; this run stopped without saving, so as not to touch "
-              "that run's checkpoints.")
+              f"The lease on {plan.workdir} was taken over by another run at "
+              f"step {done}; this run stopped without saving, so as not to "
+              "touch that run's checkpoints.")
         last = done == config.num_train_steps
         logged = done % config.log_every_steps == 0 or last
         if logged:
@@ -273,17 +288,15 @@ class _Fit:
   so it never stalls the device queue: by then that step has finished.
   """
 
-  def __init__(self, config, *, state, train_step: Callable, start_step: int,
-               resumed: bool, mngr, workdir: str,
-               evaluate: Callable[[Any, int], dict[str, float]] | None,
-               flops_per_step: float, tokens_per_sequence: int,
-               param_paths: list[str], best_key: str | None,
-               started_at: float | None = None):
-    self.config, self.state, self.train_step = config, state, train_step
-    self.mngr, self.workdir, self.evaluate_fn = mngr, workdir, evaluate
-    self.flops_per_step = flops_per_step
-    self.tokens_per_sequence = tokens_per_sequence
-    self.best_key = best_key
+  def __init__(self, config, plan: FitPlan):
+    self.config, self.state, self.train_step = config, plan.state, (
+        plan.train_step)
+    self.mngr, self.workdir, self.evaluate_fn = plan.mngr, plan.workdir, (
+        plan.evaluate)
+    self.flops_per_step = plan.flops_per_step
+    self.tokens_per_sequence = plan.tokens_per_sequence
+    self.best_key = plan.best_key
+    workdir, start_step = plan.workdir, plan.start_step
     is_main = jax.process_index() == 0
     self.writer = metrics_lib.Writer(
         os.fspath(storage.path(workdir) / "tensorboard"), enabled=is_main)
@@ -293,19 +306,20 @@ class _Fit:
     self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
                                         config.peak_tflops_per_device)
     self.guard = guards.NonFiniteGuard(
-        config.get("max_consecutive_nonfinite", 20), param_paths)
+        config.get("max_consecutive_nonfinite", 20), plan.param_paths)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = -1
-    self.saved = {start_step} if resumed else set()
+    self.saved = {start_step} if plan.resumed else set()
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
     self.account = goodput_lib.Account(
         workdir, goodput_lib.GoodputOptions.from_config(
             config.get("goodput")), start_step=start_step,
-        started_at=started_at, enabled=is_main)
+        started_at=plan.started_at, enabled=is_main)
     self.profiler = profiling.StepProfiler(
         profiling.ProfileOptions.from_config(config.get("profile")), workdir,
-        session_start=start_step, lower=getattr(train_step, "lower", None))
+        session_start=start_step,
+        lower=getattr(plan.train_step, "lower", None))
     self.preemption: guards.Preemption | None = None  # set by `fit`
     self.last_batch = None
     self.closed = False

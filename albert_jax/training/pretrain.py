@@ -162,15 +162,15 @@ def _train(config, workdir: str, lease: lease_lib.Lease,
   ##############################################################################
   # Train loop.
   ##############################################################################
-  out = loop.fit(
-      config, state=state, train_step=train, mngr=mngr, workdir=workdir,
+  out = loop.fit(config, loop.FitPlan(
+      state=state, train_step=train, mngr=mngr, workdir=workdir,
       batches=train_loader.iterate(
           start_step, max(config.num_train_steps - start_step, 0)),
       start_step=start_step, resumed=start.resumed,
       evaluate=run_eval if eval_loader is not None else None,
       flops_per_step=spec.flops_per_step, tokens_per_sequence=seq_len,
       param_paths=list(tree_lib.flatten(state["params"])),
-      best_key=config.best_metric, lease=lease, started_at=started_at)
+      best_key=config.best_metric, lease=lease, started_at=started_at))
   if out.preempted_at is not None:
     return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by,
             "goodput": out.goodput}
