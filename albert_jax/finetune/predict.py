@@ -62,7 +62,7 @@ from albert_jax.model.config import ModelConfig
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = "tokenizer"
-RUN_CONFIG_FILE = "config.json"  # the run's config (`loop.record_config`)
+RUN_CONFIG_FILE = "config.json"  # the run's config (`run_setup.record_config`)
 
 
 ################################################################################

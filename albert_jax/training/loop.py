@@ -10,7 +10,8 @@ row the run stops with a message naming the step and the offending
 parameters. It also accounts for the run's wall time (`goodput`: goodput,
 badput by cause, slow steps, data stalls) and profiles the steps
 `config.profile` names (`profiling`). What differs between pre-training and
-fine-tuning (data, model, eval) comes in as arguments.
+fine-tuning (data, model, eval) comes in as a `FitPlan`; what comes before
+and after `fit` is `run_setup`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import contextlib
 import dataclasses
 import logging
 import os
-import subprocess
 import time
 from typing import Any, Callable, Iterable
 
-import flax.linen as nn
 import jax
 
 from albert_jax import storage
@@ -34,128 +33,8 @@ from albert_jax.training import guards
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import metrics as metrics_lib
 from albert_jax.training import profiling
-from albert_jax.training import recipe
-from albert_jax.training import state as state_lib
 
 log = logging.getLogger(__name__)
-
-
-# XLA:CPU spends most of a small model's compile time in LLVM and the fusion
-# emitters; without them compiles are several times faster and steps slower.
-FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
-                        "xla_cpu_use_fusion_emitters": False,
-                        "xla_llvm_disable_expensive_passes": True}
-
-
-def compiler_options(config) -> dict[str, Any] | None:
-  """`jax.jit` compiler options for `config.fast_compile` (smoke runs and
-  debugging on CPU: quicker to start, slower per step), else None."""
-  if config.get("fast_compile", False) and jax.default_backend() == "cpu":
-    return dict(FAST_COMPILE_OPTIONS)
-  return None
-
-
-def mesh_and_rules(config):
-  """The run's mesh and sharding rules, checked against the batch size.
-
-  Called before any data work, so a mesh or batch that cannot work fails in
-  seconds rather than after tokenizer training and data preparation.
-  """
-  from albert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  mesh = sharding_lib.make_mesh(config.mesh)
-  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
-  dp = sharding_lib.data_parallel_size(mesh)
-  if config.batch_size % (dp * config.accumulation_steps):
-    raise ValueError(
-        f"batch_size {config.batch_size} must be divisible by the "
-        f"data-parallel size ({dp}) × accumulation_steps "
-        f"({config.accumulation_steps}); change --config.batch_size or "
-        "--config.mesh.")
-  return mesh, rules
-
-
-@dataclasses.dataclass
-class StartState:
-  """Where a run starts: its state, shardings, checkpoint manager."""
-  state: Any
-  shardings: Any
-  abstract: Any  # unboxed ShapeDtypeStructs of the state
-  mngr: Any
-  resumed: bool
-
-  @property
-  def step(self) -> int:
-    return int(jax.device_get(self.state["step"]))
-
-
-def restore_or_create(config, workdir: str, init: Callable, tx, mesh, rules,
-                      *, best_metric: str | None,
-                      on_create: Callable | None = None) -> StartState:
-  """The workdir's newest readable checkpoint, else a fresh sharded state.
-
-  Args:
-    init: rng → boxed state (`state.state_init_fn`).
-    best_metric: the eval metric the manager keeps the best checkpoint by.
-    on_create: (state, shardings) → state, applied to a fresh state only
-      (fine-tuning places the pre-trained weights there).
-  """
-  rng = jax.random.key(config.seed)
-  abstract_boxed = jax.eval_shape(init, rng)
-  shardings = state_lib.state_shardings(abstract_boxed, tx, mesh, rules)
-  abstract = {**abstract_boxed,
-              "params": nn.meta.unbox(abstract_boxed["params"])}
-  mngr = checkpoints.manager(workdir, keep=config.keep_checkpoints,
-                             best_metric=best_metric,
-                             async_save=config.async_checkpoints)
-  restored = checkpoints.restore_latest(mngr, abstract, shardings)
-  if restored is not None:
-    state = restored[0]
-    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
-  else:
-    state, _ = state_lib.create_state(init, tx, mesh, rules, rng,
-                                      compiler_options(config))
-    if on_create is not None:
-      state = on_create(state, shardings)
-  return StartState(state, shardings, abstract, mngr, restored is not None)
-
-
-def git_commit() -> str:
-  try:
-    return subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__),
-        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return "unknown"
-
-
-def prepare_workdir(workdir: str) -> None:
-  """Creates the workdir, failing early and clearly if it is not writable."""
-  try:
-    root = storage.path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
-    probe = root / f".write_test.{os.getpid()}"
-    probe.write_text("ok")
-    probe.unlink()
-  except OSError as e:
-    raise PermissionError(
-        f"Cannot write to workdir {workdir} ({e.strerror or e}); choose a "
-        "directory you can write, e.g. --workdir=/tmp/albert_run or "
-        "gs://BUCKET/albert_run.") from e
-
-
-def record_config(config, workdir: str) -> None:
-  """Writes the resolved config, its recipe (`recipe.record`) and the git
-  commit beside the checkpoints.
-
-  Called once the state is known to fit the config, so a rerun with another
-  config cannot leave a config.json that does not describe the checkpoints.
-  """
-  recipe.record(config, workdir)
-  if jax.process_index() == 0:
-    root = storage.path(workdir)
-    storage.write_atomic(root / "config.json",
-                         config.to_json_best_effort(indent=2))
-    storage.write_atomic(root / "git_commit.txt", git_commit() + "\n")
 
 
 @dataclasses.dataclass
