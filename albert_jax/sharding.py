@@ -16,8 +16,10 @@ table stored whole along the vocabulary (`PADDED_AXES`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -130,6 +132,46 @@ def rules_for(mesh: jax.sharding.Mesh, rules=DEFAULT_RULES
     out.append((logical,
                 kept if len(kept) > 1 else (kept[0] if kept else None)))
   return tuple(out)
+
+
+def mesh_and_rules(axes: Sequence[tuple[str, int]], rules=DEFAULT_RULES,
+                   devices=None
+                   ) -> tuple[jax.sharding.Mesh, tuple[tuple[str, Any], ...]]:
+  """The mesh of `axes` (`config.mesh`) and `rules` (`config.sharding_rules`,
+  as lists or tuples) fitted to it (`rules_for`)."""
+  mesh = make_mesh(axes, devices)
+  return mesh, rules_for(mesh, [tuple(r) for r in rules])
+
+
+@contextlib.contextmanager
+def in_mesh(mesh: jax.sharding.Mesh, rules) -> Iterator[None]:
+  """The mesh and logical-axis rules that jitted code and the model's
+  activation constraints (`act_*` names) resolve against while tracing."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def jit_in_mesh(fn: Callable, mesh: jax.sharding.Mesh, rules,
+                **jit_kwargs) -> Callable:
+  """`jax.jit(fn, **jit_kwargs)`, called (and traced) `in_mesh`.
+
+  The result has `.jitted` (the bare jitted function) and `.lower(*args)`,
+  which lowers in the same mesh and rules (so `.compile()` finds the program
+  a call compiled).
+  """
+  jitted = jax.jit(fn, **jit_kwargs)
+
+  @functools.wraps(fn)
+  def run(*args):
+    with in_mesh(mesh, rules):
+      return jitted(*args)
+
+  def lower(*args):
+    with in_mesh(mesh, rules):
+      return jitted.lower(*args)
+  run.jitted = jitted
+  run.lower = lower
+  return run
 
 
 # Logical parameter axes that the model pads at compute time when the mesh

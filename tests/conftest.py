@@ -17,7 +17,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from locations import CORPUS  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 # Where compile time dominates a test: far quicker to compile on CPU, and the
 # programs compute the same values.
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS as FAST_COMPILE  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS as FAST_COMPILE  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 TINY_VOCAB = 300  # pieces of the `tiny_spm` model
 

@@ -17,8 +17,7 @@ from albert_jax.finetune import predict as predict_lib
 from albert_jax.finetune.run import run
 from albert_jax.text import run_tokenizer
 from albert_jax.training import config_check
-from albert_jax.training import lease as lease_lib
-from albert_jax.training import loop
+from albert_jax.training import run_setup
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +52,10 @@ def run_after_pretraining(config, pretrain_workdir: str,
                       / (RANDOM_INIT_DIR if random_init else "finetune"))
   storage.refuse_links_out(workdir)
   data_files.check_data(config, workdir)  # before the split rewrites WORKDIR/data
-  loop.prepare_workdir(workdir)
+  run_setup.prepare_workdir(workdir)
   # Leased before the split files are written: a second launch must not
   # rewrite the files a running fine-tune reads.
-  with lease_lib.acquire(workdir,
-                         config.get("take_over_workdir", False)) as lease:
+  with run_setup.leased(config, workdir) as lease:
     if random_init:
       config = _from_random(config, pretrain_workdir)
     result = run(_with_split_data(config, workdir, pretrain_workdir),

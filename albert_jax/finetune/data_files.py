@@ -179,7 +179,7 @@ def check_data(config, workdir: str) -> None:
 
 
 def _recorded_data(workdir: str) -> dict[str, str]:
-  """The data files a workdir's config.json (`loop.record_config`) names,
+  """The data files a workdir's config.json (`run_setup.record_config`) names,
   by dotted key ({} where it cannot be read)."""
   try:
     data = json.loads((storage.path(workdir) / "config.json").read_text(

@@ -62,7 +62,7 @@ from albert_jax.model.config import ModelConfig
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = "tokenizer"
-RUN_CONFIG_FILE = "config.json"  # the run's config (`loop.record_config`)
+RUN_CONFIG_FILE = "config.json"  # the run's config (`run_setup.record_config`)
 
 
 ################################################################################
@@ -243,16 +243,16 @@ def prediction_mesh(mesh_axes=None, sharding_rules=None):
   if jax.device_count() == 1:
     return None, None
   axes = sharding_lib.DEFAULT_MESH if mesh_axes is None else mesh_axes
+  rules = (sharding_lib.DEFAULT_RULES if sharding_rules is None
+           else sharding_rules)
   try:
-    mesh = sharding_lib.make_mesh(axes)
+    return sharding_lib.mesh_and_rules(axes, rules)
   except ValueError as e:
-    mesh = sharding_lib.make_mesh(sharding_lib.DEFAULT_MESH)
+    mesh, rules = sharding_lib.mesh_and_rules(sharding_lib.DEFAULT_MESH,
+                                              rules)
     log.warning("The run's mesh does not fit: %s Predicting on mesh %s "
                 "instead.", e, mesh_description(mesh))
-  rules = sharding_lib.rules_for(mesh, [
-      tuple(r) for r in (sharding_lib.DEFAULT_RULES if sharding_rules is None
-                         else sharding_rules)])
-  return mesh, rules
+    return mesh, rules
 
 
 def mesh_description(mesh) -> str:
@@ -338,8 +338,7 @@ class FineTuned:
     if self.mesh is None:
       yield
       return
-    import flax.linen as nn  # pylint: disable=g-import-not-at-top
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with sharding_lib.in_mesh(self.mesh, self.rules):
       yield
 
   @property

@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import os
-import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
 from albert_jax import storage
-from albert_jax import tree as tree_lib
 from albert_jax.finetune import batching
 from albert_jax.finetune.data_files import check_data
 from albert_jax.finetune import packing
@@ -46,14 +42,10 @@ from albert_jax.finetune.task import Task
 from albert_jax.finetune.task import TaskObjective
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import checkpoints
-from albert_jax.training import config_check
 from albert_jax.training import lease as lease_lib
-from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
-from albert_jax.training import profiling
-from albert_jax.training import recipe
+from albert_jax.training import run_setup
 from albert_jax.training import state as state_lib
-from albert_jax.training import step as step_lib
 
 log = logging.getLogger(__name__)
 
@@ -126,53 +118,72 @@ def run(config, workdir: str,
         lease: lease_lib.Lease | None = None) -> dict[str, Any]:
   """Fine-tunes per `config` in `workdir`; returns the final metrics.
 
+  The same checks and set-up as a pre-training run's (`run_setup.start`),
+  and the task's data files; the task's name is the registry's to check,
+  when the task is made (the CLI checks it first).
+
   `lease`: the workdir's, when the caller already holds it (else taken
   here).
   """
-  started_at = time.time()  # goodput counts the start-up from here
-  # The same checks as a pre-training run's (the task's name is the
-  # registry's to check, when the task is made; the CLI checks it first).
-  config_check.check(config)
-  profiling.check_can_trace(
-      profiling.ProfileOptions.from_config(config.get("profile")))
-  workdir = storage.as_str(workdir)
-  storage.refuse_links_out(workdir)
-  check_data(config, workdir)
-  recipe.check(config, workdir)
-  loop.prepare_workdir(workdir)
-  if lease is not None:
-    return _run(config, workdir, lease, started_at)
-  with lease_lib.acquire(workdir,
-                         config.get("take_over_workdir", False)) as lease:
-    return _run(config, workdir, lease, started_at)
+  with run_setup.start(config, workdir, lease=lease, check=check_data) as r:
+    return _fine_tune(config, r)
 
 
-def _run(config, workdir: str, lease: lease_lib.Lease,
-         started_at: float) -> dict[str, Any]:
+def _fine_tune(config, r: run_setup.Run) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
-  mesh, rules = loop.mesh_and_rules(config)
+  ##############################################################################
+  # Task, starting model and data.
+  ##############################################################################
   setup = _setup(config)
-  objective, tx, schedule, start = _start_state(config, workdir, setup, mesh,
-                                                rules)
-  loop.record_config(config, workdir)
+
+  ##############################################################################
+  # Model and optimizer.
+  ##############################################################################
+  objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
+  tx, schedule = optim.make(config, setup.model_config)
+
+  ##############################################################################
+  # Train state: restored from the workdir, or created sharded with the
+  # pre-trained encoder placed in.
+  ##############################################################################
+  start = r.restore_or_create(
+      state_lib.state_init_fn(setup.spec.init_params, tx), tx,
+      best_metric=setup.best_key, on_create=_encoder_placer(setup))
+  r.record_config()
   record = functools.partial(
-      predict_lib.record, workdir, setup.task, setup.model_config,
+      predict_lib.record, r.workdir, setup.task, setup.model_config,
       setup.tokenizer, setup.seq_len, setup.lm_weight > 0)
   record()  # a checkpoint can be reloaded for prediction while training
-  data_sharding = sharding_lib.data_sharding(mesh)
-  train, predict = _steps(config, setup, objective, tx, schedule,
-                          start.shardings, mesh, rules, data_sharding)
+
+  ##############################################################################
+  # Data, steps and what users see.
+  ##############################################################################
+  train_batches = _train_batches(config, setup, r.data_sharding)
+  train = r.jit_train_step(objective, tx, schedule, start.shardings)
+  replicated = jax.sharding.NamedSharding(r.mesh,
+                                          jax.sharding.PartitionSpec())
+  predict = sharding_lib.jit_in_mesh(
+      lambda p, b: setup.task.predict(objective.outputs(p, b, None, True), b),
+      r.mesh, r.rules,
+      in_shardings=(start.shardings["params"], r.data_sharding),
+      out_shardings=replicated, compiler_options=r.compiler_options)
   eval_batch = config.get("eval_batch_size") or config.batch_size
-  out = _fit(config, workdir, setup, start, train, evaluate=_evaluator(
-      setup, predict, eval_batch, data_sharding), data_sharding=data_sharding,
-             lease=lease, started_at=started_at)
+
+  ##############################################################################
+  # Train loop, best checkpoint's predictions and final metrics.
+  ##############################################################################
+  out = r.fit(start, train, train_batches,
+              evaluate=_evaluator(setup, predict, eval_batch,
+                                  r.data_sharding),
+              flops_per_step=setup.spec.flops_per_step(config.batch_size),
+              tokens_per_sequence=setup.spec.tokens_per_row,
+              best_key=setup.best_key)
   if out.preempted_at is not None:
-    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by,
-            "goodput": out.goodput}
-  final_step, best_step, params = _best_params(workdir, out, start)
+    return run_setup.stopped_early(out)
+  final_step, best_step, params = _best_params(r.workdir, out, start)
   best_eval, written = _best_predictions(
-      setup, predict, params, eval_batch, data_sharding,
-      os.fspath(storage.path(workdir) / "predictions"))
+      setup, predict, params, eval_batch, r.data_sharding,
+      os.fspath(storage.path(r.workdir) / "predictions"))
   record()  # again: evaluation tuned settings (SQuAD v2.0's threshold)
   result = {"task": setup.task.name, "data": data_name(config, setup.task),
             "step": final_step, "best_step": best_step,
@@ -181,9 +192,7 @@ def _run(config, workdir: str, lease: lease_lib.Lease,
             "predictions": written, "goodput": out.goodput,
             # With the goodput's wall time, the device-hours spent.
             "devices": jax.device_count()}
-  if jax.process_index() == 0:
-    storage.write_atomic(storage.path(workdir) / "final_metrics.json",
-                         json.dumps(result, indent=2))
+  r.write_final_metrics(result)
   return result
 
 
@@ -206,42 +215,15 @@ def _setup(config) -> _Setup:
                                   lm_head=lm_weight > 0, pack=pack), pack)
 
 
-def _start_state(config, workdir: str, setup: _Setup, mesh, rules):
-  """(objective, tx, schedule, `loop.StartState`): the model with the task's
-  head, its optimizer and the train state, restored from the workdir's
-  newest checkpoint, else fresh with the pre-trained encoder placed in."""
-  objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
-  tx, schedule = optim.make(config, setup.model_config)
-  init = state_lib.state_init_fn(setup.spec.init_params, tx)
+def _encoder_placer(setup: _Setup):
+  """`restore_or_create`'s on_create: (state, shardings) → the fresh state
+  with the pre-trained encoder placed in (None: a random-init run)."""
   encoder = setup.encoder
+  if encoder is None:
+    return None
   required = ("lm",) if setup.lm_weight > 0 else ()
-  start = loop.restore_or_create(
-      config, workdir, init, tx, mesh, rules, best_metric=setup.best_key,
-      on_create=None if encoder is None else (
-          lambda st, sh: start_lib.place_encoder(st, sh, encoder,
-                                                 required=required)))
-  return objective, tx, schedule, start
-
-
-def _steps(config, setup: _Setup, objective, tx, schedule, shardings, mesh,
-           rules, data_sharding):
-  """(train step, predict): the jitted train step and
-  predict(params, batch) → the task's predictions, replicated."""
-  train = step_lib.jit_train_step(
-      step_lib.make_train_step(objective, tx, schedule,
-                               config.accumulation_steps),
-      shardings, mesh, rules, loop.compiler_options(config))
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  predict_jit = jax.jit(
-      lambda p, b: setup.task.predict(objective.outputs(p, b, None, True), b),
-      in_shardings=(shardings["params"], data_sharding),
-      out_shardings=replicated,
-      compiler_options=loop.compiler_options(config))
-
-  def predict(params, batch):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return predict_jit(params, batch)
-  return train, predict
+  return lambda st, sh: start_lib.place_encoder(st, sh, encoder,
+                                                required=required)
 
 
 def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
@@ -260,11 +242,10 @@ def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
   return evaluate
 
 
-def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
-         lease, data_sharding, started_at: float) -> loop.FitResult:
-  """The training loop (`loop.fit`) from `start` to
-  `config.num_train_steps`, over shuffled training batches."""
-  start_step = start.step
+def _train_batches(config, setup: _Setup, data_sharding
+                   ) -> batching.ArrayBatches:
+  """The shuffled training batches of step s (`ArrayBatches`), over packed
+  rows with `config.data.pack`."""
   features = setup.train_split.features
   if setup.pack:
     features = packing.pack(features, setup.pack)
@@ -273,17 +254,8 @@ def _fit(config, workdir: str, setup: _Setup, start, train, *, evaluate,
              setup.train_split.num_rows, len(features["input_ids"]),
              setup.pack, 100 * packing.padding_fraction(features),
              100 * packing.padding_fraction(setup.train_split.features))
-  train_batches = batching.ArrayBatches(
+  return batching.ArrayBatches(
       features, config.batch_size, sharding=data_sharding, seed=config.seed)
-  return loop.fit(
-      config, state=start.state, train_step=train, mngr=start.mngr,
-      workdir=workdir, batches=train_batches.iterate(
-          start_step, max(config.num_train_steps - start_step, 0)),
-      start_step=start_step, resumed=start.resumed, evaluate=evaluate,
-      flops_per_step=setup.spec.flops_per_step(config.batch_size),
-      tokens_per_sequence=setup.spec.tokens_per_row,
-      param_paths=list(tree_lib.flatten(start.state["params"])),
-      best_key=setup.best_key, lease=lease, started_at=started_at)
 
 
 def _best_params(workdir: str, out, start) -> tuple[int, int, Any]:

@@ -53,7 +53,7 @@ for every setting), so read a CPU estimate as a rough guide, not a verdict.
 
 Two things differ from a plain `.compile()` on CPU, both because only the
 buffer assignment is wanted: the LLVM back end runs at its cheapest
-settings (`loop.FAST_COMPILE_OPTIONS`: ~6x faster, same buffers), and a
+settings (`run_setup.FAST_COMPILE_OPTIONS`: ~6x faster, same buffers), and a
 bfloat16 model is compiled as float16 (`compile_targets.BF16_STAND_IN`:
 same sizes; XLA:CPU would widen bfloat16 buffers to float32).
 """
@@ -69,7 +69,6 @@ import sys
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -79,8 +78,8 @@ from albert_jax.tools import compile_targets
 from albert_jax.tools import hlo_stats
 from albert_jax.tools import roofline
 from albert_jax.tools import topology as topology_lib
-from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import run_setup
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
 
@@ -189,7 +188,7 @@ def compile_train_step(config, *, fast: bool = True,
 
   Args:
     config: a full pre-training or fine-tuning config.
-    fast: compile with `loop.FAST_COMPILE_OPTIONS` on CPU (same buffers, cheaper
+    fast: compile with `run_setup.FAST_COMPILE_OPTIONS` on CPU (same buffers, cheaper
       code generation).
     stand_in_16bit: on CPU, compile bfloat16 as float16 (see
       `compile_targets.BF16_STAND_IN`).
@@ -197,9 +196,8 @@ def compile_train_step(config, *, fast: bool = True,
       compile for with the TPU compiler, instead of this host's devices.
   """
   devices = topology_lib.devices(topology) if topology else None
-  mesh = sharding_lib.make_mesh(parse_mesh(config.mesh), devices)
-  rules = sharding_lib.rules_for(
-      mesh, [tuple(r) for r in config.sharding_rules])
+  mesh, rules = sharding_lib.mesh_and_rules(
+      parse_mesh(config.mesh), config.sharding_rules, devices)
   data_parallel = sharding_lib.data_parallel_size(mesh)
   b, acc = config.batch_size, config.accumulation_steps
   if b % (data_parallel * acc):
@@ -219,26 +217,24 @@ def compile_train_step(config, *, fast: bool = True,
       topology_lib.gpu_lowering(topology_lib.gpu_topology(topology)[0])
       if gpu else contextlib.nullcontext())
   with lowering():
-    abstract_boxed = jax.eval_shape(init, jax.random.key(0))
-  shardings = state_lib.state_shardings(abstract_boxed, tx, mesh, rules)
-  abstract = {**abstract_boxed,
-              "params": nn.meta.unbox(abstract_boxed["params"])}
+    abstract, shardings = state_lib.abstract_state(init, tx, mesh, rules,
+                                                   jax.random.key(0))
   state = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       abstract, shardings)
   batch = abstract_batch(target.batch_schema,
                          sharding_lib.data_sharding(mesh))
   step = step_lib.make_train_step(target.objective, tx, schedule, acc)
-  jitted = step_lib.jit_train_step(step, shardings, mesh, rules).jitted
-  with lowering(), jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    lowered = jitted.lower(state, batch)
+  train = step_lib.jit_train_step(step, shardings, mesh, rules)
+  with lowering():
+    lowered = train.lower(state, batch)
   lower_seconds = time.perf_counter() - start
   options = None
   if fast and platform == "cpu":
     # They change how fast XLA:CPU emits machine code, not which buffers it
     # assigns (ALBERT-xxlarge's train step on 64 devices: 8 s instead of
     # 50 s, the same bytes; configs/tiny.py's moves by < 0.1%).
-    options = dict(loop.FAST_COMPILE_OPTIONS)
+    options = dict(run_setup.FAST_COMPILE_OPTIONS)
   start = time.perf_counter()
   try:
     compiled = lowered.compile(compiler_options=options)

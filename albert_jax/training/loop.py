@@ -10,7 +10,8 @@ row the run stops with a message naming the step and the offending
 parameters. It also accounts for the run's wall time (`goodput`: goodput,
 badput by cause, slow steps, data stalls) and profiles the steps
 `config.profile` names (`profiling`). What differs between pre-training and
-fine-tuning (data, model, eval) comes in as arguments.
+fine-tuning (data, model, eval) comes in as a `FitPlan`; what comes before
+and after `fit` is `run_setup`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import contextlib
 import dataclasses
 import logging
 import os
-import subprocess
 import time
 from typing import Any, Callable, Iterable
 
-import flax.linen as nn
 import jax
 
 from albert_jax import storage
@@ -34,128 +33,8 @@ from albert_jax.training import guards
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import metrics as metrics_lib
 from albert_jax.training import profiling
-from albert_jax.training import recipe
-from albert_jax.training import state as state_lib
 
 log = logging.getLogger(__name__)
-
-
-# XLA:CPU spends most of a small model's compile time in LLVM and the fusion
-# emitters; without them compiles are several times faster and steps slower.
-FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
-                        "xla_cpu_use_fusion_emitters": False,
-                        "xla_llvm_disable_expensive_passes": True}
-
-
-def compiler_options(config) -> dict[str, Any] | None:
-  """`jax.jit` compiler options for `config.fast_compile` (smoke runs and
-  debugging on CPU: quicker to start, slower per step), else None."""
-  if config.get("fast_compile", False) and jax.default_backend() == "cpu":
-    return dict(FAST_COMPILE_OPTIONS)
-  return None
-
-
-def mesh_and_rules(config):
-  """The run's mesh and sharding rules, checked against the batch size.
-
-  Called before any data work, so a mesh or batch that cannot work fails in
-  seconds rather than after tokenizer training and data preparation.
-  """
-  from albert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  mesh = sharding_lib.make_mesh(config.mesh)
-  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in config.sharding_rules])
-  dp = sharding_lib.data_parallel_size(mesh)
-  if config.batch_size % (dp * config.accumulation_steps):
-    raise ValueError(
-        f"batch_size {config.batch_size} must be divisible by the "
-        f"data-parallel size ({dp}) × accumulation_steps "
-        f"({config.accumulation_steps}); change --config.batch_size or "
-        "--config.mesh.")
-  return mesh, rules
-
-
-@dataclasses.dataclass
-class StartState:
-  """Where a run starts: its state, shardings, checkpoint manager."""
-  state: Any
-  shardings: Any
-  abstract: Any  # unboxed ShapeDtypeStructs of the state
-  mngr: Any
-  resumed: bool
-
-  @property
-  def step(self) -> int:
-    return int(jax.device_get(self.state["step"]))
-
-
-def restore_or_create(config, workdir: str, init: Callable, tx, mesh, rules,
-                      *, best_metric: str | None,
-                      on_create: Callable | None = None) -> StartState:
-  """The workdir's newest readable checkpoint, else a fresh sharded state.
-
-  Args:
-    init: rng → boxed state (`state.state_init_fn`).
-    best_metric: the eval metric the manager keeps the best checkpoint by.
-    on_create: (state, shardings) → state, applied to a fresh state only
-      (fine-tuning places the pre-trained weights there).
-  """
-  rng = jax.random.key(config.seed)
-  abstract_boxed = jax.eval_shape(init, rng)
-  shardings = state_lib.state_shardings(abstract_boxed, tx, mesh, rules)
-  abstract = {**abstract_boxed,
-              "params": nn.meta.unbox(abstract_boxed["params"])}
-  mngr = checkpoints.manager(workdir, keep=config.keep_checkpoints,
-                             best_metric=best_metric,
-                             async_save=config.async_checkpoints)
-  restored = checkpoints.restore_latest(mngr, abstract, shardings)
-  if restored is not None:
-    state = restored[0]
-    log.info("Resumed from step %d in %s.", int(state["step"]), workdir)
-  else:
-    state, _ = state_lib.create_state(init, tx, mesh, rules, rng,
-                                      compiler_options(config))
-    if on_create is not None:
-      state = on_create(state, shardings)
-  return StartState(state, shardings, abstract, mngr, restored is not None)
-
-
-def git_commit() -> str:
-  try:
-    return subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__),
-        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return "unknown"
-
-
-def prepare_workdir(workdir: str) -> None:
-  """Creates the workdir, failing early and clearly if it is not writable."""
-  try:
-    root = storage.path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
-    probe = root / f".write_test.{os.getpid()}"
-    probe.write_text("ok")
-    probe.unlink()
-  except OSError as e:
-    raise PermissionError(
-        f"Cannot write to workdir {workdir} ({e.strerror or e}); choose a "
-        "directory you can write, e.g. --workdir=/tmp/albert_run or "
-        "gs://BUCKET/albert_run.") from e
-
-
-def record_config(config, workdir: str) -> None:
-  """Writes the resolved config, its recipe (`recipe.record`) and the git
-  commit beside the checkpoints.
-
-  Called once the state is known to fit the config, so a rerun with another
-  config cannot leave a config.json that does not describe the checkpoints.
-  """
-  recipe.record(config, workdir)
-  if jax.process_index() == 0:
-    root = storage.path(workdir)
-    storage.write_atomic(root / "config.json",
-                         config.to_json_best_effort(indent=2))
-    storage.write_atomic(root / "git_commit.txt", git_commit() + "\n")
 
 
 @dataclasses.dataclass
@@ -178,24 +57,19 @@ def _loader_hint(config) -> str:
           f"config.data.prefetch (now {data.get('prefetch')}), ")
 
 
-def fit(config, *, state, train_step: Callable, batches: Iterable,
-        start_step: int, resumed: bool, mngr, workdir: str,
-        evaluate: Callable[[Any, int], dict[str, float]] | None,
-        flops_per_step: float, tokens_per_sequence: int,
-        param_paths: list[str], best_key: str | None = None,
-        lease: lease_lib.Lease | None = None,
-        started_at: float | None = None) -> FitResult:
-  """Runs `train_step` over `batches` up to `config.num_train_steps`.
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+  """What `fit` runs: a train step over batches, from where the run starts.
 
-  Args:
-    config: the run's config (log/eval/checkpoint cadence, batch_size,
-      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+  Attributes:
     state: the train state at `start_step`.
     train_step: jitted (state, batch) → (state, metrics), as built by
       `step.make_train_step` + `step.jit_train_step`.
     batches: yields (step, global batch) from `start_step` on.
+    start_step: the step `state` is at.
     resumed: the state came from a checkpoint at `start_step`.
     mngr: the workdir's checkpoint manager.
+    workdir: where the checkpoints, metrics and goodput record go.
     evaluate: (state, step) → eval metrics, or None for no evaluation.
     flops_per_step: training FLOPs of one step, for MFU.
     tokens_per_sequence: for the tokens/s figure.
@@ -204,34 +78,54 @@ def fit(config, *, state, train_step: Callable, batches: Iterable,
       (the manager's `best_metric`); None to rank none.
     lease: the workdir's lease; once another run has taken it over, the
       run stops before its next save (WorkdirBusyError).
-    started_at: `time.time()` when the run started (default: now), so that
+    started_at: `time.time()` when the run started (None: now), so that
       goodput counts the start-up before `fit`.
+  """
+  state: Any
+  train_step: Callable
+  batches: Iterable
+  start_step: int
+  resumed: bool
+  mngr: Any
+  workdir: str
+  evaluate: Callable[[Any, int], dict[str, float]] | None
+  flops_per_step: float
+  tokens_per_sequence: int
+  param_paths: list[str]
+  best_key: str | None = None
+  lease: lease_lib.Lease | None = None
+  started_at: float | None = None
+
+
+def fit(config, plan: FitPlan) -> FitResult:
+  """Runs the plan's train step over its batches to `config.num_train_steps`.
+
+  Args:
+    config: the run's config (log/eval/checkpoint cadence, batch_size,
+      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+    plan: the state, step, batches and the rest of what the run needs.
 
   Returns:
     The final state, the last eval, the preemption step (if any), the
     number of skipped (non-finite) steps and the goodput summary.
   """
-  run = _Fit(config, state=state, train_step=train_step, start_step=start_step,
-             resumed=resumed, mngr=mngr, workdir=workdir, evaluate=evaluate,
-             flops_per_step=flops_per_step,
-             tokens_per_sequence=tokens_per_sequence, param_paths=param_paths,
-             best_key=best_key, started_at=started_at)
+  run = _Fit(config, plan)
   account = run.account
   with guards.Preemption() as preemption:
     run.preemption = preemption
     try:
       account.book("startup")
-      for step, batch in batches:
+      for step, batch in plan.batches:
         account.data_waited()
         run.profiler.before(step + 1, run.state)
         done, m = run.train(step, batch)
         run.last_batch = batch
-        stop, lost = preemption.agreed(lease)
+        stop, lost = preemption.agreed(plan.lease)
         if lost:
           raise lease_lib.WorkdirBusyError(
-              f"The lease on {workdir} was taken over by another run at step "
-              f"{done}; this run stopped without saving, so as not to touch "
-              "that run's checkpoints.")
+              f"The lease on {plan.workdir} was taken over by another run at "
+              f"step {done}; this run stopped without saving, so as not to "
+              "touch that run's checkpoints.")
         last = done == config.num_train_steps
         logged = done % config.log_every_steps == 0 or last
         if logged:
@@ -273,17 +167,15 @@ class _Fit:
   so it never stalls the device queue: by then that step has finished.
   """
 
-  def __init__(self, config, *, state, train_step: Callable, start_step: int,
-               resumed: bool, mngr, workdir: str,
-               evaluate: Callable[[Any, int], dict[str, float]] | None,
-               flops_per_step: float, tokens_per_sequence: int,
-               param_paths: list[str], best_key: str | None,
-               started_at: float | None = None):
-    self.config, self.state, self.train_step = config, state, train_step
-    self.mngr, self.workdir, self.evaluate_fn = mngr, workdir, evaluate
-    self.flops_per_step = flops_per_step
-    self.tokens_per_sequence = tokens_per_sequence
-    self.best_key = best_key
+  def __init__(self, config, plan: FitPlan):
+    self.config, self.state, self.train_step = config, plan.state, (
+        plan.train_step)
+    self.mngr, self.workdir, self.evaluate_fn = plan.mngr, plan.workdir, (
+        plan.evaluate)
+    self.flops_per_step = plan.flops_per_step
+    self.tokens_per_sequence = plan.tokens_per_sequence
+    self.best_key = plan.best_key
+    workdir, start_step = plan.workdir, plan.start_step
     is_main = jax.process_index() == 0
     self.writer = metrics_lib.Writer(
         os.fspath(storage.path(workdir) / "tensorboard"), enabled=is_main)
@@ -293,19 +185,20 @@ class _Fit:
     self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
                                         config.peak_tflops_per_device)
     self.guard = guards.NonFiniteGuard(
-        config.get("max_consecutive_nonfinite", 20), param_paths)
+        config.get("max_consecutive_nonfinite", 20), plan.param_paths)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = -1
-    self.saved = {start_step} if resumed else set()
+    self.saved = {start_step} if plan.resumed else set()
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
     self.account = goodput_lib.Account(
         workdir, goodput_lib.GoodputOptions.from_config(
             config.get("goodput")), start_step=start_step,
-        started_at=started_at, enabled=is_main)
+        started_at=plan.started_at, enabled=is_main)
     self.profiler = profiling.StepProfiler(
         profiling.ProfileOptions.from_config(config.get("profile")), workdir,
-        session_start=start_step, lower=getattr(train_step, "lower", None))
+        session_start=start_step,
+        lower=getattr(plan.train_step, "lower", None))
     self.preemption: guards.Preemption | None = None  # set by `fit`
     self.last_batch = None
     self.closed = False

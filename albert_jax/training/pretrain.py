@@ -7,28 +7,19 @@ optimizer state, step and RNG; the data position is the step). SIGTERM
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
-from albert_jax import storage
-from albert_jax import tree as tree_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.text import run_tokenizer
-from albert_jax.training import config_check
-from albert_jax.training import lease as lease_lib
-from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
-from albert_jax.training import profiling
-from albert_jax.training import recipe
+from albert_jax.training import run_setup
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
@@ -82,74 +73,51 @@ def most_frequent_target(loader, num_batches: int = 4) -> int:
 def run(config, workdir: str) -> dict[str, Any]:
   """Pre-trains per `config` in `workdir`; returns the final metrics.
 
-  The recipe is checked before anything is written (`recipe.check`), and the
-  workdir is leased to this run while it trains (`lease.acquire`).
+  The config and recipe are checked before anything is written, and the
+  workdir is leased to this run while it trains (`run_setup.start`).
   """
-  started_at = time.time()  # goodput counts the start-up from here
-  config_check.check(config)
-  profiling.check_can_trace(
-      profiling.ProfileOptions.from_config(config.get("profile")))
-  workdir = storage.as_str(workdir)
-  storage.refuse_links_out(workdir)
-  recipe.check(config, workdir)
-  loop.prepare_workdir(workdir)
-  with lease_lib.acquire(workdir,
-                         config.get("take_over_workdir", False)) as lease:
-    return _train(config, workdir, lease, started_at)
+  with run_setup.start(config, workdir) as r:
+    return _train(config, r)
 
 
-def _train(config, workdir: str, lease: lease_lib.Lease,
-           started_at: float) -> dict[str, Any]:
+def _train(config, r: run_setup.Run) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
   ##############################################################################
   # Tokenizer and prepared data.
   ##############################################################################
-  mesh, rules = loop.mesh_and_rules(config)
-  tokenizer = run_tokenizer.ensure(config, workdir)
-  data_dir = pipeline.ensure_dataset(config, workdir, tokenizer)
+  tokenizer = run_tokenizer.ensure(config, r.workdir)
+  data_dir = pipeline.ensure_dataset(config, r.workdir, tokenizer)
   vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
 
   ##############################################################################
-  # Mesh, model and optimizer.
+  # Model and optimizer.
   ##############################################################################
   spec = run_spec.run_spec(config)
   objective = spec.objective
   tx, schedule = optim.make(config)
-  seq_len = config.data.max_seq_length
 
   ##############################################################################
   # Train state: restored from the workdir, or created sharded.
   ##############################################################################
-  start = loop.restore_or_create(
-      config, workdir, state_lib.state_init_fn(spec.init_params, tx),
-      tx, mesh, rules, best_metric=config.best_metric)
-  state, shardings, mngr = start.state, start.shardings, start.mngr
-  start_step = start.step
-  loop.record_config(config, workdir)
+  start = r.restore_or_create(state_lib.state_init_fn(spec.init_params, tx),
+                              tx, best_metric=config.best_metric)
+  r.record_config()
 
   ##############################################################################
   # Data, steps and what users see.
   ##############################################################################
-  data_sharding = sharding_lib.data_sharding(mesh)
   train_loader = pipeline.make_loader(config, data_dir, "train", vocab,
-                                      data_sharding, masked=spec.masked)
+                                      r.data_sharding, masked=spec.masked)
   eval_loader = None
   if pipeline.has_split(data_dir, "eval") and config.eval_batches > 0:
     eval_loader = pipeline.make_loader(config, data_dir, "eval", vocab,
-                                       data_sharding, seed=config.seed + 1,
+                                       r.data_sharding, seed=config.seed + 1,
                                        masked=spec.masked)
-  train = step_lib.jit_train_step(
-      step_lib.make_train_step(objective, tx, schedule,
-                               config.accumulation_steps),
-      shardings, mesh, rules, loop.compiler_options(config))
-  eval_jit = jax.jit(step_lib.make_eval_step(objective),
-                     in_shardings=(shardings["params"], data_sharding),
-                     compiler_options=loop.compiler_options(config))
-
-  def eval_step(params, batch):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return eval_jit(params, batch)
-
+  train = r.jit_train_step(objective, tx, schedule, start.shardings)
+  eval_step = sharding_lib.jit_in_mesh(
+      step_lib.make_eval_step(objective), r.mesh, r.rules,
+      in_shardings=(start.shardings["params"], r.data_sharding),
+      compiler_options=r.compiler_options)
   baseline_id = None
   if eval_loader is not None and spec.unigram_baseline:
     baseline_id = most_frequent_target(train_loader)
@@ -160,25 +128,18 @@ def _train(config, workdir: str, lease: lease_lib.Lease,
                     objective.metrics, baseline_id)
 
   ##############################################################################
-  # Train loop.
+  # Train loop and final metrics.
   ##############################################################################
-  out = loop.fit(
-      config, state=state, train_step=train, mngr=mngr, workdir=workdir,
-      batches=train_loader.iterate(
-          start_step, max(config.num_train_steps - start_step, 0)),
-      start_step=start_step, resumed=start.resumed,
-      evaluate=run_eval if eval_loader is not None else None,
-      flops_per_step=spec.flops_per_step, tokens_per_sequence=seq_len,
-      param_paths=list(tree_lib.flatten(state["params"])),
-      best_key=config.best_metric, lease=lease, started_at=started_at)
+  out = r.fit(start, train, train_loader,
+              evaluate=run_eval if eval_loader is not None else None,
+              flops_per_step=spec.flops_per_step,
+              tokens_per_sequence=config.data.max_seq_length,
+              best_key=config.best_metric)
   if out.preempted_at is not None:
-    return {"preempted_at": out.preempted_at, "stopped_by": out.stopped_by,
-            "goodput": out.goodput}
-  final_step = int(jax.device_get(out.state["step"]))
-  result = {"step": final_step, "skipped_steps": out.skipped_steps,
+    return run_setup.stopped_early(out)
+  result = {"step": int(jax.device_get(out.state["step"])),
+            "skipped_steps": out.skipped_steps,
             **{f"eval_{k}": v for k, v in out.last_eval.items()},
             "goodput": out.goodput}
-  if jax.process_index() == 0:
-    storage.write_atomic(storage.path(workdir) / "final_metrics.json",
-                         json.dumps(result, indent=2))
+  r.write_final_metrics(result)
   return result

@@ -51,17 +51,31 @@ def create_state(init: Callable[[jax.Array], State],
   Returns:
     (state, shardings), both with unboxed parameters.
   """
-  abstract = jax.eval_shape(init, rng)
-  shardings = state_shardings(abstract, tx, mesh, rules)
+  _, shardings = abstract_state(init, tx, mesh, rules, rng)
 
   def unboxed_init(r):
     s = init(r)
     return {**s, "params": nn.meta.unbox(s["params"])}
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with sharding_lib.in_mesh(mesh, rules):
     state = jax.jit(unboxed_init, out_shardings=shardings,
                     compiler_options=compiler_options)(rng)
   return state, shardings
+
+
+def abstract_state(init: Callable[[jax.Array], State],
+                   tx: optax.GradientTransformation, mesh, rules,
+                   rng: jax.Array) -> tuple[State, State]:
+  """The state `init(rng)` would make, traced for shapes only.
+
+  Returns:
+    (abstract, shardings): ShapeDtypeStructs of the state with unboxed
+    parameters (what a checkpoint restores into), and the NamedShardings
+    the state is created or restored into.
+  """
+  boxed = jax.eval_shape(init, rng)
+  abstract = {**boxed, "params": nn.meta.unbox(boxed["params"])}
+  return abstract, state_shardings(boxed, tx, mesh, rules)
 
 
 def state_shardings(abstract_boxed: State, tx, mesh, rules) -> State:

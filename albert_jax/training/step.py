@@ -11,10 +11,8 @@ exactly those of the full batch.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -173,27 +171,15 @@ def make_eval_step(objective) -> Callable[[Any, dict], dict]:
 
 def jit_train_step(step_fn, state_shardings_: State, mesh, rules,
                    compiler_options: dict[str, Any] | None = None):
-  """jit with explicit shardings; the old state's buffers are donated.
+  """jit with explicit shardings, run in the mesh and rules
+  (`sharding.jit_in_mesh`: also `.jitted` and `.lower`); the old state's
+  buffers are donated.
 
   `compiler_options` go to `jax.jit`, as in `state.create_state`.
   """
   data = sharding_lib.data_sharding(mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  jitted = jax.jit(step_fn, in_shardings=(state_shardings_, data),
-                   out_shardings=(state_shardings_, replicated),
-                   donate_argnums=(0,), compiler_options=compiler_options)
-
-  @functools.wraps(step_fn)
-  def run(state, batch):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return jitted(state, batch)
-
-  def lower(state, batch):
-    """The step lowered for these arguments' shapes, in the same mesh and
-    rules as `run` (so `.compile()` finds the program `run` compiled)."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return jitted.lower(state, batch)
-  run.jitted = jitted
-  run.lower = lower
-  return run
-
+  return sharding_lib.jit_in_mesh(
+      step_fn, mesh, rules, in_shardings=(state_shardings_, data),
+      out_shardings=(state_shardings_, replicated), donate_argnums=(0,),
+      compiler_options=compiler_options)

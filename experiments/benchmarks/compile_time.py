@@ -62,8 +62,8 @@ from albert_jax import config_lib
 from albert_jax import sharding as sharding_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.tools import compile_only
-from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import run_setup
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 
@@ -96,19 +96,17 @@ def init_compile(config, fast: bool = False) -> None:
   """Lowers and compiles the sharded state initialiser (as create_state)."""
   spec = run_spec.run_spec(config)
   tx, _ = optim.make(config)
-  mesh = sharding_lib.make_mesh(config.mesh)
-  rules = sharding_lib.rules_for(
-      mesh, [tuple(r) for r in config.sharding_rules])
+  mesh, rules = sharding_lib.mesh_and_rules(config.mesh,
+                                            config.sharding_rules)
   init = state_lib.state_init_fn(spec.init_params, tx)
   rng = jax.random.key(0)
-  shardings = state_lib.state_shardings(jax.eval_shape(init, rng), tx, mesh,
-                                        rules)
+  _, shardings = state_lib.abstract_state(init, tx, mesh, rules, rng)
 
   def unboxed_init(r):
     s = init(r)
     return {**s, "params": nn.meta.unbox(s["params"])}
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with sharding_lib.in_mesh(mesh, rules):
     jax.jit(unboxed_init, out_shardings=shardings).lower(rng).compile(
         compiler_options=fast_options(fast))
 
@@ -116,7 +114,7 @@ def init_compile(config, fast: bool = False) -> None:
 def fast_options(fast: bool):
   """XLA:CPU's cheapest code generation (smoke runs), or the defaults."""
   if fast and jax.default_backend() == "cpu":
-    return dict(loop.FAST_COMPILE_OPTIONS)
+    return dict(run_setup.FAST_COMPILE_OPTIONS)
   return None
 
 

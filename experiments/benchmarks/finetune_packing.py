@@ -27,7 +27,6 @@ import statistics
 import tempfile
 import time
 
-import flax.linen as nn
 import jax
 import numpy as np
 
@@ -99,7 +98,7 @@ def _runner(task, cfg, seq, pack, batch, features, mesh, rules):
   holder = {"state": state}
 
   def step(i):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    with sharding_lib.in_mesh(mesh, rules):
       holder["state"], m = train(holder["state"], batches.train_batch(i))
     return m
 
@@ -107,7 +106,7 @@ def _runner(task, cfg, seq, pack, batch, features, mesh, rules):
       objective.outputs(p, b, None, True), b))
 
   def evaluate():
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    with sharding_lib.in_mesh(mesh, rules):
       out = [predict(holder["state"]["params"], b)
              for b in batches.eval_batches()]
     jax.block_until_ready(out)
@@ -133,13 +132,9 @@ def main(argv=None):
     task = _task(args.task, workdir)
     split = task.load(task.train_split, tok, args.seq)
   cfg = _model_config(tok.vocab_size)
-  mesh = sharding_lib.make_mesh(config_lib.base_config(
-      config_lib.tiny_model(), batch_size=args.batch).mesh)
-  rules = sharding_lib.rules_for(mesh, [tuple(r) for r in
-                                        config_lib.base_config(
-                                            config_lib.tiny_model(),
-                                            batch_size=args.batch
-                                        ).sharding_rules])
+  base = config_lib.base_config(config_lib.tiny_model(),
+                                batch_size=args.batch)
+  mesh, rules = sharding_lib.mesh_and_rules(base.mesh, base.sharding_rules)
   layouts = {"one a row": 0, f"up to {args.pack} a row": args.pack}
   runners = {name: _runner(task, cfg, args.seq, k, args.batch,
                            split.features, mesh, rules)

@@ -14,7 +14,6 @@ import platform
 import subprocess
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,9 +123,8 @@ class JaxRunner:
     self.model_config = spec.model_config
     tx, schedule = optim.make(config)
     self.compiler_options = compiler_options
-    self.mesh = sharding_lib.make_mesh(config.mesh)
-    self.rules = sharding_lib.rules_for(
-        self.mesh, [tuple(r) for r in config.sharding_rules])
+    self.mesh, self.rules = sharding_lib.mesh_and_rules(
+        config.mesh, config.sharding_rules)
     start = time.perf_counter()
     self.state, shardings = state_lib.create_state(
         state_lib.state_init_fn(spec.init_params, tx), tx, self.mesh,
@@ -145,9 +143,8 @@ class JaxRunner:
     with contextlib.ExitStack() as stack:
       for patch in patches:
         stack.enter_context(patch())
-      with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-        self.compiled = step.jitted.lower(self.state, self.batch).compile(
-            compiler_options=compiler_options)
+      self.compiled = step.lower(self.state, self.batch).compile(
+          compiler_options=compiler_options)
     self.first_seconds = time.perf_counter() - start
     self.metrics = None
 

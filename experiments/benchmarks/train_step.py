@@ -98,7 +98,7 @@ import jax
 from albert_jax import config_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import metrics as metrics_lib
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -29,7 +29,7 @@ from albert_jax.training import optimizer as optim
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 
 TOKENIZER = None  # set per test: a tokenizer of VOCAB pieces (below)
 VOCAB, SEQ = 64, 8

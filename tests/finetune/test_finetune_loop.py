@@ -309,10 +309,8 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
       lambda r: model.init(r, example)["params"], tx)
   mesh = sharding_lib.make_mesh((("data", -1),))
   rules = sharding_lib.rules_for(mesh)
-  abstract = jax.eval_shape(init, jax.random.key(0))
-  shardings = state_lib.state_shardings(abstract, tx, mesh, rules)
-  state, _ = state_lib.create_state(init, tx, mesh, rules, jax.random.key(0),
-                                    fast_compile)
+  state, shardings = state_lib.create_state(init, tx, mesh, rules,
+                                            jax.random.key(0), fast_compile)
   placed = start_lib.place_encoder(state, shardings, encoder)
   for key in encoder:
     jax.tree.map(np.testing.assert_array_equal,

@@ -32,7 +32,7 @@ IDS = np.asarray([[3, 5, 7, 2, 9, 4, 0], [1, 8, 6, 11, 10, 5, 3]])
 UNUSED_TOKEN = 20  # not in IDS: its word row is reached only by the decoder.
 # LLVM's optimisations dominate compile time on CPU and buy nothing at these
 # sizes; numerics are unaffected beyond float rounding. Not the whole of
-# training.loop.FAST_COMPILE_OPTIONS: without XLA:CPU's fusion emitters the
+# training.run_setup.FAST_COMPILE_OPTIONS: without XLA:CPU's fusion emitters the
 # remat policies' gradients differ from no remat's by ~2e-6 relative, past
 # the exact-recomputation tolerance below.
 jit = functools.partial(

@@ -25,7 +25,7 @@ from albert_jax.model import albert as albert_lib
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 
 sys.path.insert(0, str(EXPERIMENTS / "benchmarks"))
 # The benchmarks' before/after switches: each puts a library change back to

@@ -91,7 +91,7 @@ def _worker() -> None:
 
   boxed = jax.eval_shape(model.init, jax.random.key(0), ids,
                          masked_positions=slots)["params"]
-  from albert_jax.training.loop import FAST_COMPILE_OPTIONS  # pylint: disable=g-import-not-at-top
+  from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS  # pylint: disable=g-import-not-at-top
   params = nn.meta.unbox(jax.jit(
       lambda r: model.init(r, ids, masked_positions=slots)["params"],
       compiler_options=FAST_COMPILE_OPTIONS)(jax.random.key(0)))

@@ -19,7 +19,6 @@ import sys
 import textwrap
 
 from absl import logging as absl_logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,8 +32,8 @@ from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
-from albert_jax.training import loop
 from albert_jax.training import optimizer as optim
+from albert_jax.training import run_setup
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 from locations import REPO
@@ -61,9 +60,7 @@ def abstract_state(config, mesh=None):
   spec = run_spec.run_spec(config)
   tx, _ = optim.make(config)
   init = state_lib.state_init_fn(spec.init_params, tx)
-  boxed = jax.eval_shape(init, jax.random.key(0))
-  shardings = state_lib.state_shardings(boxed, tx, mesh, rules)
-  return {**boxed, "params": nn.meta.unbox(boxed["params"])}, shardings
+  return state_lib.abstract_state(init, tx, mesh, rules, jax.random.key(0))
 
 
 def random_state(abstract, shardings, step, seed=0):
@@ -404,8 +401,8 @@ def fixture_spm_model(tiny_tokenizer):
 
 def make_workdir(path, config, states, spm=None):
   """A workdir as the trainer leaves it: config.json, spm/, checkpoints/."""
-  loop.prepare_workdir(str(path))
-  loop.record_config(config, str(path))
+  run_setup.prepare_workdir(str(path))
+  run_setup.record_config(config, str(path))
   if spm:
     os.makedirs(path / "spm", exist_ok=True)
     shutil.copy(spm, path / "spm" / "spiece.model")
@@ -477,8 +474,8 @@ def test_load_pretrained_workdir_without_sop_head(tmp_path):
 def test_load_pretrained_workdir_errors(tiny, tmp_path):
   abstract, shardings = tiny
   empty = tmp_path / "empty"
-  loop.prepare_workdir(str(empty))
-  loop.record_config(tiny_config(), str(empty))
+  run_setup.prepare_workdir(str(empty))
+  run_setup.record_config(tiny_config(), str(empty))
   with pytest.raises(CheckpointError, match="No checkpoints"):
     load_pretrained(str(empty))
 

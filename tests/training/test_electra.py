@@ -25,7 +25,7 @@ from albert_jax.model.config import ModelConfig
 from albert_jax.training import electra as electra_lib
 from albert_jax.training import run_spec
 from albert_jax.training import step as step_lib
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS as FAST
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS as FAST
 from locations import CONFIGS
 from locations import CORPUS
 from locations import REPO

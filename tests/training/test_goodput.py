@@ -153,11 +153,11 @@ def test_fit_accounts_for_its_wall_time_and_names_a_data_stall(tmp_path,
   started = time.time()
   time.sleep(0.2)  # start-up
   with caplog.at_level(logging.WARNING):
-    out = loop.fit(
-        config, state=state, train_step=_step,
+    out = loop.fit(config, loop.FitPlan(
+        state=state, train_step=_step,
         batches=_slow_batches(12, 0.03), start_step=0, resumed=False,
         mngr=mngr, workdir=str(tmp_path), evaluate=None, flops_per_step=1.0,
-        tokens_per_sequence=4, param_paths=["w"], started_at=started)
+        tokens_per_sequence=4, param_paths=["w"], started_at=started))
   wall = time.time() - started
   g = out.goodput
   assert sum(g["seconds"].values()) == pytest.approx(wall, rel=0.02)
@@ -186,8 +186,9 @@ def test_a_fast_loader_is_not_a_stall(tmp_path, caplog):
     return _step(state, batch)
 
   with caplog.at_level(logging.WARNING):
-    loop.fit(config, state=state, train_step=step,
-             batches=((i, None) for i in range(12)), start_step=0,
-             resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
-             flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"])
+    loop.fit(config, loop.FitPlan(
+        state=state, train_step=step,
+        batches=((i, None) for i in range(12)), start_step=0,
+        resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
+        flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"]))
   assert "Data stall" not in caplog.text

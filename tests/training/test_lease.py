@@ -243,11 +243,12 @@ def test_a_run_whose_lease_is_taken_over_stops_without_saving(tmp_path):
 
   with pytest.raises(lease_lib.WorkdirBusyError,
                      match="taken over by another run at step 6"):
-    loop.fit(config, state={"step": jnp.zeros([], jnp.int32),
-                            "params": {"w": jnp.zeros(2)}},
-             train_step=_fake_step(first_bad=100), batches=batches(),
-             start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
-             evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
-             param_paths=["w"], lease=held)
+    loop.fit(config, loop.FitPlan(
+        state={"step": jnp.zeros([], jnp.int32),
+               "params": {"w": jnp.zeros(2)}},
+        train_step=_fake_step(first_bad=100), batches=batches(),
+        start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
+        evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
+        param_paths=["w"], lease=held))
   assert mngr.all_steps() == [2, 4]
   held.stop.set()

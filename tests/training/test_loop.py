@@ -61,10 +61,11 @@ def test_a_run_that_started_non_finite_saves_nothing(tmp_path):
            "params": {"w": jnp.full(2, jnp.nan)}}
   mngr = checkpoints.manager(str(tmp_path), async_save=False)
   with pytest.raises(guards.NonFiniteError) as e:
-    loop.fit(config, state=state, train_step=_fake_step(1),
-             batches=((i, None) for i in range(10)), start_step=0,
-             resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
-             flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"])
+    loop.fit(config, loop.FitPlan(
+        state=state, train_step=_fake_step(1),
+        batches=((i, None) for i in range(10)), start_step=0,
+        resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
+        flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"]))
   assert str(e.value).endswith(
       "The parameters or optimizer state were already non-finite before "
       f"these steps (a damaged checkpoint or init); nothing was saved. Resume "
@@ -104,11 +105,11 @@ def _fit(tmp_path, first_bad, **config):
   state = {"step": jnp.zeros([], jnp.int32), "params": {"w": jnp.zeros(2)}}
   mngr = checkpoints.manager(str(tmp_path), async_save=False)
   batches = ((i, None) for i in range(config.num_train_steps))
-  return mngr, loop.fit(
-      config, state=state, train_step=_fake_step(first_bad), batches=batches,
+  return mngr, loop.fit(config, loop.FitPlan(
+      state=state, train_step=_fake_step(first_bad), batches=batches,
       start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
       evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
-      param_paths=["w"])
+      param_paths=["w"]))
 
 
 def test_fit_stops_after_consecutive_nonfinite_steps_and_saves(tmp_path):
@@ -154,12 +155,12 @@ def test_sigterm_during_a_long_evaluation_saves_within_seconds(tmp_path):
       time.sleep(0.05)
     return {"accuracy": 1.0}
 
-  out = loop.fit(
-      config, state=state, train_step=_fake_step(100),
+  out = loop.fit(config, loop.FitPlan(
+      state=state, train_step=_fake_step(100),
       batches=((i, None) for i in range(config.num_train_steps)),
       start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
       evaluate=evaluate, flops_per_step=1.0, tokens_per_sequence=4,
-      param_paths=["w"])
+      param_paths=["w"]))
   stopped = time.time() - signalled[0] - 0.2
   assert (out.preempted_at, out.stopped_by) == (4, "SIGTERM")
   assert out.last_eval == {}  # the cut-short evaluation reports nothing

@@ -21,7 +21,7 @@ from albert_jax import config_lib
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS as FAST
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS as FAST
 
 CLS, SEP, MASK, VOCAB = 2, 3, 4, 97
 # Instance lengths, and their rows when packed (K = 3): two rows of three

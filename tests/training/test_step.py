@@ -26,7 +26,7 @@ from albert_jax.training import optimizer as optim
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 
 TINY = dict(vocab_size=24, embedding_size=8, hidden_size=12,
             num_attention_heads=3, intermediate_size=20,
