@@ -1,6 +1,7 @@
-"""Every TFDS task end to end on `tfds.testing.mock_data`: the task's config
+"""TFDS tasks end to end on `tfds.testing.mock_data`: the task's config
 file, a few training steps, evaluation with its metrics, the best checkpoint,
-and the prediction files written."""
+and the prediction files written (the tasks the downstream command runs:
+tests/tools/test_downstream_suite.py)."""
 
 import importlib.util
 import json
@@ -18,28 +19,14 @@ tfds = pytest.importorskip("tensorflow_datasets")
 # back from the cache.
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
-# task → (config file argument, expected prediction files, metrics).
-GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
-              "stsb": "STS-B", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+# task → (config file argument, expected prediction files). The tasks
+# `python -m albert_jax.tools.downstream` runs (every GLUE task, SQuAD v1.1
+# and v2.0, RACE's all) are run end to end, through the command line, by
+# tests/tools/test_downstream_suite.py; here the rest.
 CASES = {
-    **{f"glue/{t}": ("glue.py", f"task={t}",
-                     {"validation_predictions.tsv", f"{name}.tsv"})
-       for t, name in GLUE_FILES.items()},
-    "glue/mnli": ("glue.py", "task=mnli",
-                  {"validation_matched_predictions.tsv",
-                   "validation_mismatched_predictions.tsv", "MNLI-m.tsv",
-                   "MNLI-mm.tsv"}),
-    "squad/v1.1": ("squad.py", "version=1.1",
-                   {"predictions.json", "nbest_predictions.json"}),
-    "squad/v2.0": ("squad.py", "version=2.0",
-                   {"predictions.json", "nbest_predictions.json",
-                    "null_odds.json"}),
-    "race/high": ("race.py", "subset=high", None),
-    "race/middle": ("race.py", "subset=middle", None),
-    "race/all": ("race.py", "subset=all", None),
+    "race/high": ("race.py", "subset=high"),
+    "race/middle": ("race.py", "subset=middle"),
 }
-METRICS = {"glue/cola": "mcc", "glue/stsb": "pearson", "glue/mrpc": "f1",
-           "glue/qqp": "f1", "squad/v1.1": "f1", "squad/v2.0": "f1"}
 
 
 def load_config(file, arg):
@@ -82,43 +69,21 @@ def small(config, tokenizer_file, seq):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_task_runs_end_to_end_on_mock_data(name, tiny_spm, tmp_path):
-  file, arg, expected_files = CASES[name]
-  config = load_config(file, arg)
+  config = load_config(*CASES[name])
   assert config.data.task == name
-  seq = 32
-  if name.startswith("squad/"):
-    seq = 48
-    config.data.max_query_length = 12
-    config.data.doc_stride = 16
-  if name.startswith("race/"):
-    config.data.max_qa_length = 12
-  small(config, tiny_spm, seq)
-  if name.startswith("race/"):
-    # Random RACE examples are inconsistent (answers outside A-D, question
-    # and option counts that differ), which the task refuses; serve
-    # hand-made articles through the same TFDS machinery instead.
-    import test_finetune_race  # pylint: disable=g-import-not-at-top
-    mock = tfds.testing.mock_data(
-        as_dataset_fn=test_finetune_race._fake_race())  # pylint: disable=protected-access
-  else:
-    mock = tfds.testing.mock_data(num_examples=6)
-  with mock:
+  config.data.max_qa_length = 12
+  small(config, tiny_spm, 32)
+  # Random RACE examples are inconsistent (answers outside A-D, question
+  # and option counts that differ), which the task refuses; serve hand-made
+  # articles through the same TFDS machinery instead.
+  import test_finetune_race  # pylint: disable=g-import-not-at-top
+  with tfds.testing.mock_data(
+      as_dataset_fn=test_finetune_race._fake_race()):  # pylint: disable=protected-access
     result = ft.run(config, str(tmp_path))
   assert result["step"] == 3 and result["best_step"] == 3
-  metric = METRICS.get(name, "accuracy")
-  prefix = "eval_validation_matched/" if name == "glue/mnli" else "eval_"
-  if name == "race/all":
-    for part in ("high", "middle", "all"):
-      assert any(k.startswith(prefix) and part in k for k in result), result
-  assert math.isfinite(result[f"{prefix}{metric}"]), result
-  written = {os.path.basename(p) for p in result["predictions"]}
-  if expected_files is not None:
-    assert expected_files <= written, written
-  assert written, result
+  assert math.isfinite(result["eval_accuracy"]), result
+  assert result["predictions"], result
   for path in result["predictions"]:
     assert os.path.getsize(path) > 0
-    if path.endswith(".json"):
-      with open(path, encoding="utf-8") as f:
-        assert json.load(f)
   with open(tmp_path / "final_metrics.json", encoding="utf-8") as f:
     assert json.load(f)["task"] == name

@@ -1,8 +1,10 @@
 """albert_jax.tools.downstream end to end with the real trainer, on TFDS's
 mock data: every GLUE task, SQuAD v1.1 and v2.0 (two trials at a time),
 then RACE; the reports recomputed by hand from the trials' own
-final_metrics.json, the submission files parsed back. Seeds, medians over
-them and reruns are tested on a fake trainer (test_downstream.py).
+final_metrics.json, each trial's prediction files and the submission files
+checked. Seeds, medians over them and reruns are tested on a fake trainer
+(test_downstream.py); the RACE subsets high and middle in
+tests/finetune/test_finetune_tasks.py.
 
 Each trial is its own `python -m albert_jax.main` process (through a
 wrapper that serves mock data), one optimizer step of a tiny ALBERT; on a
@@ -27,7 +29,7 @@ from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.text.tokenizer import Tokenizer
 from albert_jax.tools import downstream
-from albert_jax.training.loop import FAST_COMPILE_OPTIONS
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 from locations import REPO
 
 MOCK_MAIN = textwrap.dedent("""\
@@ -123,12 +125,46 @@ def check_real_report(root, names, seeds):
   return report
 
 
+# Each task's prediction files (the trial's predictions/ folder), written
+# from its best checkpoint.
+GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
+              "stsb": "STS-B", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+PREDICTIONS = {
+    **{t: {"validation_predictions.tsv", f"{name}.tsv"}
+       for t, name in GLUE_FILES.items()},
+    "mnli": {"validation_matched_predictions.tsv",
+             "validation_mismatched_predictions.tsv", "MNLI-m.tsv",
+             "MNLI-mm.tsv"},
+    "squad1.1": {"predictions.json", "nbest_predictions.json"},
+    "squad2.0": {"predictions.json", "nbest_predictions.json",
+                 "null_odds.json"},
+    "race": set(),
+}
+
+
+def check_trials(root, names):
+  """Each trial trained its step, kept it as the best and wrote its
+  prediction files from it, each with content."""
+  for name in names:
+    trial = root / name / "seed=0"
+    final = json.loads((trial / "final_metrics.json").read_text())
+    assert final["step"] == 1 and final["best_step"] == 1, (name, final)
+    written = {os.path.basename(p) for p in final["predictions"]}
+    assert written and PREDICTIONS[name] <= written, (name, written)
+    for path in final["predictions"]:
+      assert os.path.getsize(path) > 0, path
+      if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+          assert json.load(f), path
+
+
 def test_every_task_on_mock_data(tiny_hf, tmp_path):
   root = tmp_path / "runs"
   result = run_real(tiny_hf, root, "glue,squad", 1, 2, tmp_path / "cache")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   names = downstream.parse_suite("glue,squad")
   report = check_real_report(root, names, 1)
+  check_trials(root, names)
   assert report["glue"]["tasks"] == sorted(downstream.GLUE)
   assert not report["glue"]["partial"]
   for name in names:
@@ -159,4 +195,9 @@ def test_every_task_on_mock_data(tiny_hf, tmp_path):
                     ["--config.data.max_qa_length=12"])
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   report = check_real_report(root, ["race"], 1)
+  check_trials(root, ["race"])
+  final = json.loads((root / "race" / "seed=0" / "final_metrics.json")
+                     .read_text())
+  for part in ("high", "middle", "all"):  # RACE's dev sets, each scored
+    assert any(k.startswith("eval_") and part in k for k in final), final
   assert "| race | acc " in result.stdout and report["glue"] is None
