@@ -52,6 +52,7 @@ T = TypeVar("T")
 ENV_DEADLINE = "ALBERT_JAX_STORAGE_RETRY_DEADLINE"
 ENV_INITIAL = "ALBERT_JAX_STORAGE_RETRY_INITIAL"
 ENV_MAXIMUM = "ALBERT_JAX_STORAGE_RETRY_MAX"
+ENV_TRY_TIMEOUT = "ALBERT_JAX_STORAGE_TRY_TIMEOUT"
 
 # HTTP statuses worth another try: request timeout, too many requests and
 # server errors.
@@ -83,28 +84,36 @@ class Policy:
     multiplier: each wait is this many times the one before (up to
       `maximum`).
     jitter: up to this share of each wait is taken off at random.
+    try_timeout: seconds one gcsfs request may take before it counts as
+      failed (and is retried): a server that accepts a connection and never
+      answers would otherwise hold each try for aiohttp's own 5 minutes,
+      past the deadline. Generous, as one request can carry a 50 MB
+      chunk of an upload.
   """
   deadline: float = 180.0
   initial: float = 1.0
   maximum: float = 32.0
   multiplier: float = 2.0
   jitter: float = 0.5
+  try_timeout: float = 120.0
 
   def __post_init__(self):
     if not (self.deadline >= 0 and self.initial > 0
             and self.maximum >= self.initial and self.multiplier >= 1
-            and 0 <= self.jitter <= 1):
+            and 0 <= self.jitter <= 1 and self.try_timeout > 0):
       raise ValueError(
           f"Bad storage retry settings {self}: the deadline must be >= 0, "
-          "0 < initial <= maximum, multiplier >= 1 and 0 <= jitter <= 1. "
-          f"Fix {ENV_DEADLINE}, {ENV_INITIAL} or {ENV_MAXIMUM}.")
+          "0 < initial <= maximum, multiplier >= 1, 0 <= jitter <= 1 and "
+          f"try_timeout > 0. Fix {ENV_DEADLINE}, {ENV_INITIAL}, "
+          f"{ENV_MAXIMUM} or {ENV_TRY_TIMEOUT}.")
 
   @classmethod
   def from_env(cls) -> Policy:
     """The policy `$ALBERT_JAX_STORAGE_RETRY_*` set, defaults elsewhere."""
     values = {}
     for name, field in ((ENV_DEADLINE, "deadline"), (ENV_INITIAL, "initial"),
-                        (ENV_MAXIMUM, "maximum")):
+                        (ENV_MAXIMUM, "maximum"),
+                        (ENV_TRY_TIMEOUT, "try_timeout")):
       text = os.environ.get(name, "").strip()
       if not text:
         continue
@@ -449,11 +458,18 @@ def _gcsfs_classes() -> dict[str, type]:
 
     async def _request(self, method, path, *args, **kwargs):  # pylint: disable=invalid-overridden-method
       failed = False
+      policy = current()
 
       async def once():
         nonlocal failed
         try:
-          return await raw_request(self, method, path, *args, **kwargs)
+          try:
+            return await asyncio.wait_for(
+                raw_request(self, method, path, *args, **kwargs),
+                policy.try_timeout)
+          except TimeoutError:
+            raise TimeoutError(f"no answer within {policy.try_timeout:g} s "
+                               f"({ENV_TRY_TIMEOUT})") from None
         except FileNotFoundError:
           if failed and str(method).upper() == "DELETE":
             # An earlier try deleted it; its answer was lost.
@@ -463,7 +479,7 @@ def _gcsfs_classes() -> dict[str, type]:
           failed = True
           raise
 
-      return await acall(once,
+      return await acall(once, policy=policy,
                          what=describe_request(method, path, args, kwargs))
 
     def _open(self, path, mode="rb", *args, **kwargs):

@@ -7,6 +7,7 @@ itself is `test_retry.py`'s."""
 import json
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -178,6 +179,56 @@ def test_past_the_deadline_one_clear_error(gcs, monkeypatch, caplog):
   errors = [r.getMessage() for r in caplog.records
             if r.levelno >= logging.ERROR]
   assert errors == [message]
+
+
+def _hung(gcs, seconds):
+  """The emulator stopped (SIGSTOP) for `seconds`, then continued: the
+  kernel still accepts its connections, and nothing answers them."""
+  os.kill(gcs.process.pid, signal.SIGSTOP)
+  timer = threading.Timer(seconds,
+                          lambda: os.kill(gcs.process.pid, signal.SIGCONT))
+  timer.start()
+  return timer
+
+
+def test_a_server_that_never_answers_costs_a_try_not_the_run(
+    gcs, monkeypatch, caplog):
+  """Each request may take `try_timeout` (scaled down to 0.3 s): a hung
+  server's try times out and is retried like a refused one, so a read
+  outlives a 1.5 s hang, and a hang past the deadline ends in the one
+  clear error within it, not after aiohttp's 5 minutes."""
+  bucket = gcs.bucket()
+  storage.write_atomic(f"{bucket}/a.json", '{"x": 1}')
+  monkeypatch.setenv(retry.ENV_TRY_TIMEOUT, "0.3")
+  with caplog.at_level(logging.WARNING):
+    timer = _hung(gcs, 1.5)
+    start = time.monotonic()
+    try:
+      got = storage.read_json_object(f"{bucket}/a.json", fix="-")
+    finally:
+      timer.join()
+    took = time.monotonic() - start
+  assert got == {"x": 1} and took >= 1.5
+  retried = _retries(caplog, f"{bucket}/a.json (GET)")
+  assert retried and all("TimeoutError: no answer within 0.3 s "
+                         "(ALBERT_JAX_STORAGE_TRY_TIMEOUT); retry" in r
+                         for r in retried), retried
+
+  monkeypatch.setenv(retry.ENV_DEADLINE, "1")
+  timer = _hung(gcs, 5)
+  start = time.monotonic()
+  try:
+    with pytest.raises(retry.StorageUnavailableError) as raised:
+      storage.read_json_object(f"{bucket}/a.json", fix="-")
+    took = time.monotonic() - start
+  finally:
+    timer.cancel()
+    os.kill(gcs.process.pid, signal.SIGCONT)
+  assert 1 <= took < 3, took
+  assert str(raised.value).startswith(
+      f"{bucket}/a.json (GET): Cloud Storage kept failing for 1 s ("), (
+          str(raised.value))
+  assert "no answer within 0.3 s" in str(raised.value)
 
 
 def test_the_lease_reads_an_outage_as_an_outage(tmp_path, monkeypatch,
