@@ -30,7 +30,6 @@ from albert_jax.finetune.task import INPUT_KEYS
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.finetune.task_type import PredictError
-from albert_jax.interop import hf_task_heads
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
@@ -228,14 +227,6 @@ class MultipleChoiceType(task_type_lib.TaskType):
       except json.JSONDecodeError as e:
         raise PredictError(str(e)) from None
     return row
-
-  def head_to_hf(self, params: dict, model_type: str
-                 ) -> dict[str, np.ndarray]:
-    return hf_task_heads.linear("classifier", params["head"]["output"])
-
-  def head_from_hf(self, state: dict[str, np.ndarray],
-                   model_type: str) -> dict:
-    return {"output": hf_task_heads.take(state, "classifier")}
 
   def imported_settings(self) -> dict:
     return {"max_qa_length": 64}

@@ -48,7 +48,6 @@ from albert_jax.finetune import task_type as task_type_lib
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.finetune.task_type import PredictError
-from albert_jax.interop import hf_task_heads
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 
@@ -394,6 +393,7 @@ class TokenClassificationType(task_type_lib.TaskType):
   name = "token_classification"
   labelled = True
   pooled = False
+  head_layer = "classifier"
 
   def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
     return TokenClassifierHead(cfg, len(info["labels"]))
@@ -414,13 +414,6 @@ class TokenClassificationType(task_type_lib.TaskType):
     """The text of `columns[0]`, else the row ("text" or "tokens")."""
     return {"text": row.get(columns[0])} if columns else row
 
-  def head_to_hf(self, params: dict, model_type: str
-                 ) -> dict[str, np.ndarray]:
-    return hf_task_heads.linear("classifier", params["head"]["classifier"])
-
-  def head_from_hf(self, state: dict[str, np.ndarray],
-                   model_type: str) -> dict:
-    return {"classifier": hf_task_heads.take(state, "classifier")}
 
 
 TOKEN_CLASSIFICATION = TokenClassificationType()

@@ -25,6 +25,7 @@ import flax.linen as nn
 import numpy as np
 
 from albert_jax.finetune.task import INPUT_KEYS
+from albert_jax.interop import hf_task_heads
 from albert_jax.model.config import ModelConfig
 
 
@@ -48,8 +49,13 @@ class TaskType(abc.ABC):
       holds the encoder's pooler).
     problem_type: transformers' config "problem_type", or None to leave it
       unset.
+    head_layer, hf_head: the head's linear layer in our parameters and in
+      transformers' class (`head_to_hf`, `head_from_hf`).
   """
   name: str
+  # The head's one linear layer: our name, and transformers'.
+  head_layer: str = "output"
+  hf_head: str = "classifier"
   labelled: bool = False
   pooled: bool = True
   problem_type: str | None = None
@@ -107,17 +113,21 @@ class TaskType(abc.ABC):
     del model_type
     return self.pooled
 
-  @abc.abstractmethod
   def head_to_hf(self, params: dict, model_type: str
                  ) -> dict[str, np.ndarray]:
     """transformers' head tensors (torch [out, in] layout) from our
-    {"albert": ..., "head": ...} parameters."""
+    {"albert": ..., "head": ...} parameters: by default one linear layer,
+    ours `head_layer`, transformers' `hf_head`."""
+    del model_type
+    return hf_task_heads.linear(self.hf_head,
+                                params["head"][self.head_layer])
 
-  @abc.abstractmethod
   def head_from_hf(self, state: dict[str, np.ndarray],
                    model_type: str) -> dict:
     """Our head parameters from a transformers task checkpoint's tensors,
     popping the head's from `state` (what is left is the encoder's)."""
+    del model_type
+    return {self.head_layer: hf_task_heads.take(state, self.hf_head)}
 
   def hf_labels(self, labels: Sequence[str] | None) -> list[str] | None:
     """The id2label names to export (None: none)."""

@@ -248,10 +248,7 @@ def _check_written(prefix: str) -> None:
 def _remove_partial(prefix: str) -> None:
   """Deletes what a failed SentencePiece write left at `prefix`.*."""
   for suffix in (".model", ".vocab"):
-    try:
-      storage.path(prefix + suffix).unlink()
-    except OSError:
-      pass  # never written, or already gone
+    storage.path(prefix + suffix).unlink(missing_ok=True)
 
 
 def train_bpe(files: Files, vocab_size: int = 50265, *,

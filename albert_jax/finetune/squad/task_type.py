@@ -19,7 +19,6 @@ from albert_jax.finetune.squad import evaluate as squad_eval
 from albert_jax.finetune.squad import head as squad_head
 from albert_jax.finetune.squad import task as squad_task
 from albert_jax.finetune.task_type import PredictError
-from albert_jax.interop import hf_task_heads
 from albert_jax.model.config import ModelConfig
 
 
@@ -51,6 +50,7 @@ class QuestionAnsweringType(task_type_lib.TaskType):
   """
   name = "question_answering"
   pooled = False
+  hf_head = "qa_outputs"
 
   def task_info_problem(self, info: dict) -> str | None:
     kinds = squad_task.V2_HEADS + ("span",)
@@ -139,14 +139,6 @@ class QuestionAnsweringType(task_type_lib.TaskType):
           "which no transformers class holds; AlbertForQuestionAnswering is "
           "the plain span head. Fine-tune with --config.data.v2_head=simple "
           "to export.")
-
-  def head_to_hf(self, params: dict, model_type: str
-                 ) -> dict[str, np.ndarray]:
-    return hf_task_heads.linear("qa_outputs", params["head"]["output"])
-
-  def head_from_hf(self, state: dict[str, np.ndarray],
-                   model_type: str) -> dict:
-    return {"output": hf_task_heads.take(state, "qa_outputs")}
 
   def imported_settings(self) -> dict:
     """The span head, read as the squad tasks' defaults read it."""
