@@ -58,6 +58,28 @@ def peak_tflops(device_kind: str, override: float = 0.0) -> float | None:
   return best[1]
 
 
+def _import_tensorboardx():
+  """(tensorboardX, tensorboardX.record_writer), imported without torch.
+
+  tensorboardX's writer module imports torch wherever it is installed, only
+  to accept torch tensors as values: 1.5-2 s at every run's start, for
+  scalars that are Python floats here. Unless the process has imported torch
+  already, the import sees none (`sys.modules["torch"] = None` makes
+  `import torch` raise ImportError, which tensorboardX catches); torch is
+  importable again afterwards.
+  """
+  hidden = "torch" not in sys.modules
+  if hidden:
+    sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  finally:
+    if hidden:
+      del sys.modules["torch"]
+  return tensorboardX, record_writer
+
+
 class Writer:
   """Scalars to TensorBoard and to metrics.jsonl, in `logdir` (process 0 only).
 
@@ -70,10 +92,7 @@ class Writer:
     self.enabled = enabled
     if not enabled:
       return
-    # Imported here: tensorboardX imports torch where it is installed, which
-    # only the process that writes needs to pay for.
-    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
-    import tensorboardX  # pylint: disable=g-import-not-at-top
+    tensorboardX, record_writer = _import_tensorboardx()
     record_writer.register_writer_factory("gs", _EpathEventFiles())
     epath.Path(logdir).mkdir(parents=True, exist_ok=True)
     self._events = tensorboardX.SummaryWriter(

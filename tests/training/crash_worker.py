@@ -30,8 +30,6 @@ import threading
 import time
 
 _START = time.monotonic()
-# tensorboardX imports torch (seconds of CPU) only to accept torch tensors.
-sys.modules["torch"] = None
 
 WRITE_FILES = 12
 STEP_WINDOW = 0.02  # seconds

@@ -31,7 +31,6 @@ SEQ = 32
 # process's files may no longer grow past $FULL_LIMIT bytes.
 _HOOK = r"""
 import os, resource, sys
-sys.modules["torch"] = None  # tensorboardX imports it only for torch tensors
 import jax
 from albert_jax.training import checkpoints
 _real_save = checkpoints.save

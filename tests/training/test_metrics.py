@@ -3,6 +3,9 @@ table."""
 
 import glob
 import io
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -107,6 +110,26 @@ def test_gs_event_files_go_through_epath(tmp_path):
   f.flush()
   f.close()  # nothing is written after close
   assert not path.exists()
+
+
+def test_the_writer_does_not_import_torch_and_leaves_it_importable(tmp_path):
+  # A fresh process: tensorboardX (imported by this module) would import
+  # torch where it is installed, seconds at every run's start.
+  pytest.importorskip("torch")
+  code = (
+      "import sys\n"
+      "from albert_jax.training import metrics\n"
+      f"w = metrics.Writer({str(tmp_path)!r})\n"
+      "w.write(1, {'train/loss': 2.0}); w.close()\n"
+      "assert 'torch' not in sys.modules, 'torch was imported'\n"
+      "import torch\n"
+      "print(torch.ones(2).sum().item())\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip() == "2.0"
+  assert glob.glob(str(tmp_path / "events.out.tfevents.*"))
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
