@@ -1,6 +1,7 @@
 """Test-wide settings (CPU only, float32 matmuls at full precision) and the
 fixtures several test files share: a tiny trained SentencePiece model, fast
-XLA compile options and a compilation cache."""
+XLA compile options, and one compilation cache for the session (its own
+compiles and its subprocesses')."""
 
 import gzip
 import itertools
@@ -49,41 +50,46 @@ def tiny_tokenizer(tiny_spm):
   return Tokenizer.from_file(tiny_spm)
 
 
-@pytest.fixture(scope="session")
-def _compilation_cache_dir(tmp_path_factory) -> str:
-  """This session's cache directory. Under pytest-xdist the workers share
-  one (in the session's base directory, beside theirs): a module's tests are
-  spread over the workers, and a program either compiled is the other's
-  too. JAX writes each entry once, under a key naming the whole program; a
-  worker that reads an entry the other is still writing gets an error,
-  warns and compiles it itself."""
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """One persistent XLA compilation cache for the whole session: for this
+  process's compiles and, through JAX_COMPILATION_CACHE_DIR, for every
+  subprocess a test starts. Most of a tiny run's time is compiling its
+  steps, and the suite compiles the same tiny programs many times over (the
+  same config trained, resumed, fine-tuned, predicted from, in and out of
+  process). JAX keys an entry by the whole program and its compile options,
+  so a hit is the program a compile would have produced.
+
+  Under pytest-xdist the workers share one directory, beside their own base
+  directories. JAX writes each entry once; a worker that reads an entry the
+  other is still writing gets an error, warns and compiles it itself.
+  Tests that time the compiler turn it off (`no_compilation_cache`).
+  """
+  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
   base = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
     path = base.parent / "jax_cache"
     path.mkdir(exist_ok=True)
-    return str(path)
-  return str(tmp_path_factory.mktemp("jax_cache"))
-
-
-@pytest.fixture(scope="module")
-def compilation_cache(_compilation_cache_dir):
-  """A persistent compilation cache for the module's tests: a program
-  compiled once (a task's train step, say) is read back when another test,
-  or another module using this fixture, compiles it again.
-
-  JAX sets its cache up once per process, so every module shares one
-  directory; the cache is reset afterwards, leaving other modules' compiles
-  as they would be without it.
-  """
-  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
-  old = (jax.config.jax_compilation_cache_dir,
-         jax.config.jax_persistent_cache_min_compile_time_secs)
+  else:
+    path = tmp_path_factory.mktemp("jax_cache")
+  settings = {"jax_compilation_cache_dir": str(path),
+              "jax_persistent_cache_min_compile_time_secs": 0}
+  for name, value in settings.items():
+    jax.config.update(name, value)
+    os.environ[name.upper()] = str(value)
   cc.reset_cache()
-  jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  yield _compilation_cache_dir
-  jax.config.update("jax_compilation_cache_dir", old[0])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+  yield str(path)
+
+
+@pytest.fixture
+def no_compilation_cache():
+  """The persistent compilation cache off in this process, for a test that
+  measures the compiler itself."""
+  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_enable_compilation_cache", False)
+  cc.reset_cache()  # JAX decides once whether to use the cache
+  yield
+  jax.config.update("jax_enable_compilation_cache", True)
   cc.reset_cache()
 
 

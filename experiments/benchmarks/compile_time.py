@@ -246,6 +246,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args = parse_args(argv)
+  # Every JAX compile a cold one too: JAX_COMPILATION_CACHE_DIR in the
+  # environment would otherwise turn repeats into cache reads.
+  jax.config.update("jax_enable_compilation_cache", False)
   with tempfile.TemporaryDirectory(prefix="albert_jax_inductor_") as cache:
     if args.hf_compile:
       # Inductor and AOTAutograd cache compiled graphs on disk; a fresh

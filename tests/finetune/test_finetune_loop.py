@@ -26,7 +26,6 @@ from albert_jax.training import checkpoints
 from albert_jax.training import state as state_lib
 
 # Every run compiles the same few programs; the later runs read them back.
-pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 TOKENIZER = None  # set per test: a tokenizer of VOCAB pieces (below)
 SEQ = 16

@@ -22,7 +22,6 @@ from albert_jax.training import pretrain
 from locations import CORPUS
 from locations import REPO
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def test_random_init_baseline_matches_the_pretrained_fine_tune(

@@ -14,7 +14,6 @@ from albert_jax.finetune import run as ft
 from albert_jax.training import recipe
 from test_bad_inputs import snapshot  # pylint: disable=g-bad-import-order
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 SEQ, VOCAB = 16, 50
 

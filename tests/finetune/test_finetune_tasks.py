@@ -17,7 +17,6 @@ from albert_jax.finetune import run as ft
 tfds = pytest.importorskip("tensorflow_datasets")
 # Tasks with one head compile the same programs: the later ones read them
 # back from the cache.
-pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 # task → (config file argument, expected prediction files). The tasks
 # `python -m albert_jax.tools.downstream` runs (every GLUE task, SQuAD v1.1

@@ -29,7 +29,6 @@ from albert_jax.interop import workdir as workdir_lib
 from locations import REPO
 
 # Every run compiles the same few programs; later runs read them back.
-pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 SEQ = 32
 WORDS = ("war peace taxes union congress year strong proud bad new sea "

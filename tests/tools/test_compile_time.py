@@ -47,8 +47,9 @@ def warm_compiler():
 
 
 @pytest.mark.parametrize("share", ["all", "none"])
-def test_compile_time_does_not_grow_with_depth(share, warm_compiler):
-  del warm_compiler
+def test_compile_time_does_not_grow_with_depth(share, warm_compiler,
+                                              no_compilation_cache):
+  del warm_compiler, no_compilation_cache
   best = {SHALLOW: float("inf"), DEEP: float("inf")}
   for _ in range(MAX_ROUNDS):
     for depth in best:

@@ -20,7 +20,6 @@ from albert_jax.training import pretrain
 from locations import CORPUS
 from locations import REPO
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def _config(objective, corpus, tokenizer):

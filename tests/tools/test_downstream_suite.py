@@ -33,13 +33,10 @@ from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 from locations import REPO
 
 MOCK_MAIN = textwrap.dedent("""\
-    # albert_jax.main on TFDS's mock data, compiles cached across trials.
+    # albert_jax.main on TFDS's mock data.
     import os, sys
     sys.path[:0] = [os.environ["MOCK_TESTS_DIR"],  # and tests/, for locations
                     os.path.dirname(os.environ["MOCK_TESTS_DIR"])]
-    import jax
-    jax.config.update("jax_compilation_cache_dir", os.environ["MOCK_CACHE"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     import tensorflow_datasets as tfds
     from albert_jax import main
     if any(a.endswith("race.py:subset=all") for a in sys.argv):
@@ -79,7 +76,7 @@ def fixture_tiny_hf(tiny_spm, tmp_path_factory):
   return str(out)
 
 
-def run_real(model, root, suite, seeds, parallel, cache, extra=()):
+def run_real(model, root, suite, seeds, parallel, extra=()):
   """The command in a fresh process, on TFDS mock data, one step a trial."""
   pytest.importorskip("tensorflow_datasets")
   mock = root.parent / "mock_main.py"
@@ -91,8 +88,7 @@ def run_real(model, root, suite, seeds, parallel, cache, extra=()):
        *extra],
       cwd=REPO, capture_output=True, text=True, check=False,
       env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
-           "MOCK_TESTS_DIR": str(REPO / "tests" / "finetune"),
-           "MOCK_CACHE": str(cache)})
+           "MOCK_TESTS_DIR": str(REPO / "tests" / "finetune")})
 
 
 def check_real_report(root, names, seeds):
@@ -160,7 +156,7 @@ def check_trials(root, names):
 
 def test_every_task_on_mock_data(tiny_hf, tmp_path):
   root = tmp_path / "runs"
-  result = run_real(tiny_hf, root, "glue,squad", 1, 2, tmp_path / "cache")
+  result = run_real(tiny_hf, root, "glue,squad", 1, 2)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   names = downstream.parse_suite("glue,squad")
   report = check_real_report(root, names, 1)
@@ -191,7 +187,7 @@ def test_every_task_on_mock_data(tiny_hf, tmp_path):
   # RACE's question+option budget (128 tokens) needs more than the 32 the
   # others run at; `--` arguments go to every trial, so it runs on its own.
   root = tmp_path / "race"
-  result = run_real(tiny_hf, root, "race", 1, 1, tmp_path / "cache",
+  result = run_real(tiny_hf, root, "race", 1, 1,
                     ["--config.data.max_qa_length=12"])
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   report = check_real_report(root, ["race"], 1)

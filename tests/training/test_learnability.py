@@ -211,7 +211,7 @@ def masked_lm_config(**model):
   return c
 
 
-def test_sentence_order_is_learned(tmp_path, compilation_cache):
+def test_sentence_order_is_learned(tmp_path):
   """SOP >= 0.95 on held-out documents.
 
   Reachable: a pair's order is written in it (the first word of each
@@ -230,7 +230,7 @@ def test_sentence_order_is_learned(tmp_path, compilation_cache):
   assert final["eval_sop_accuracy"] >= 0.95, final
 
 
-def test_next_sentence_is_learned(tmp_path, compilation_cache):
+def test_next_sentence_is_learned(tmp_path):
   """NSP >= 0.95 on held-out documents.
 
   Reachable: every sentence of a document carries its topic word, so B is
@@ -247,8 +247,7 @@ def test_next_sentence_is_learned(tmp_path, compilation_cache):
   assert final["eval_sop_accuracy"] >= 0.95, final
 
 
-def test_masked_lm_learns_a_deterministic_grammar(tmp_path,
-                                                  compilation_cache):
+def test_masked_lm_learns_a_deterministic_grammar(tmp_path):
   """Held-out MLM accuracy >= 0.9 on the successor grammar (the unigram
   baseline is 1/52).
 
@@ -275,7 +274,7 @@ def test_masked_lm_learns_a_deterministic_grammar(tmp_path,
   assert final["eval_mlm_accuracy"] >= 0.9, final
 
 
-def test_causal_lm_reaches_the_entropy_floor(tmp_path, compilation_cache):
+def test_causal_lm_reaches_the_entropy_floor(tmp_path):
   """Held-out next-token loss within 0.1 nats above the corpus's floor,
   and not below it by more than 0.02.
 
@@ -297,8 +296,7 @@ def test_causal_lm_reaches_the_entropy_floor(tmp_path, compilation_cache):
   assert floor - 0.02 <= final["eval_lm_loss"] <= floor + 0.1, (floor, final)
 
 
-def test_electra_discriminator_finds_replaced_tokens(tmp_path,
-                                                     compilation_cache):
+def test_electra_discriminator_finds_replaced_tokens(tmp_path):
   """Held-out replaced-token detection well above the all-original
   baseline: recall >= 0.65, precision >= 0.9, accuracy >= the baseline
   (1 - replaced fraction, about 0.854) + 0.08.
@@ -352,8 +350,7 @@ def test_electra_discriminator_finds_replaced_tokens(tmp_path,
   assert final["eval_rtd_accuracy"] >= baseline + 0.08, (baseline, final)
 
 
-def test_sentence_order_is_learned_from_packed_rows(tmp_path,
-                                                    compilation_cache):
+def test_sentence_order_is_learned_from_packed_rows(tmp_path):
   """The SOP case with data.pack=3: several instances per row, each scored
   at its own [CLS]. Held-out SOP >= 0.95 and MLM well above the unigram
   baseline, with the run's own metrics reporting under 10% padding (the

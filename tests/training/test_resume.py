@@ -52,8 +52,6 @@ TIMEOUT = 300
 # Runs before `albert_jax.main` in each subprocess; see the module docstring.
 _HOOK = r"""
 import atexit, os, signal, sys, time
-# tensorboardX imports torch (seconds of CPU) only to accept torch tensors.
-sys.modules["torch"] = None
 import jax, numpy as np
 from albert_jax.training import step as step_lib
 
@@ -380,7 +378,7 @@ def test_an_error_keeps_the_checkpoint_being_written(dataset, tmp_path):
 
 
 
-def test_packed_run_resumes_bitwise(tiny_spm, tmp_path, compilation_cache):
+def test_packed_run_resumes_bitwise(tiny_spm, tmp_path):
   """A packed run (data.pack=2, dropout on) that lost its last checkpoint
   resumes from the one before and ends bitwise where the straight run
   does: a packed batch, too, is a function of (seed, step) alone. In
