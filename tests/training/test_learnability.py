@@ -285,11 +285,14 @@ def test_causal_lm_reaches_the_entropy_floor(tmp_path):
   under 0.02. A model below the floor sees the future (a leaking causal
   mask); one far above has not learned the bigram table.
   """
-  # Measured 42-53 s; held-out loss 0.791 against a floor of 0.734.
+  # Held-out loss against a floor of 0.734 (so at most 0.834 passes): 0.791
+  # after 300 steps, and already after 200, over 3 seeds of corpus, chain and
+  # model: 0.789, 0.777, 0.786 (the model has learned the bigram table by
+  # then; 200 steps are about 12 passes over the training documents).
   corpus = write_corpus(tmp_path / "markov.txt", markov_docs(60))
-  c = short_run(load_config("gpt_small", "tiny"), corpus, steps=300,
+  c = short_run(load_config("gpt_small", "tiny"), corpus, steps=200,
                 learning_rate=5e-3, batch_size=32, seq_len=64)
-  c.fast_compile = False  # the tiny config's; 300 steps run 3x faster
+  c.fast_compile = False  # the tiny config's; 200 steps run faster optimised
   final = run(c, tmp_path / "run")
   one_piece_per_word(tmp_path / "run")
   floor = (math.log(len(WORDS)) + 61 * math.log(2)) / 63
