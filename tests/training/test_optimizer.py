@@ -9,6 +9,7 @@ first, because the official code builds separate layers (or groups) as
 separate variables and takes each one's trust ratio on its own.
 """
 
+import functools
 import re
 
 import jax
@@ -21,6 +22,7 @@ from albert_jax import config_lib
 from albert_jax import tree
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import optimizer as optim
+from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS as FAST
 
 COPIES, H, E, V, F = 3, 6, 4, 10, 8
 EXCLUDE = ["LayerNorm", "layer_norm", "bias"]  # optimization.py, verbatim
@@ -178,10 +180,12 @@ def make_config(name="lamb", **optimizer):
 def run_ours(tx, params, grads):
   """Applies `tx` to each gradient tree; returns the params after each.
 
-  Eagerly: every test uses the same shapes, so op-by-op dispatch reuses
-  compiled kernels across tests, where a jitted step per optimizer variant
-  would cost a compilation each.
+  One jitted step per optimizer (FAST_COMPILE_OPTIONS), as are this file's
+  other updates: a compilation of a whole update costs a fraction of a
+  second, where op-by-op dispatch compiled a kernel for every primitive and
+  shape it met (most of this file's time).
   """
+  @functools.partial(jax.jit, compiler_options=FAST)
   def step(params, state, g):
     updates, state = tx.update(g, state, params)
     return optax.apply_updates(params, updates), state
@@ -306,6 +310,7 @@ def test_bias_correction_is_adams():
   ours_adam = optim.scale_by_adam(bias_correction=True)
   theirs = optax.scale_by_adam(eps=1e-6)
 
+  @functools.partial(jax.jit, compiler_options=FAST)
   def both(s1, s2, g):
     u1, s1 = ours_adam.update(g, s1)
     u2, s2 = theirs.update(g, s2)
@@ -362,7 +367,8 @@ def test_excluded_parameters_get_plain_adam_steps():
   params = param_tree()
   tx = optim.lamb(0.1, weight_decay=0.5)
   ones = jax.tree.map(np.ones_like, params)
-  updates, _ = tx.update(ones, tx.init(params), params)
+  updates, _ = jax.jit(tx.update, compiler_options=FAST)(
+      ones, tx.init(params), params)
   m, v = 0.1, 0.001
   expected = -0.1 * m / (np.sqrt(v) + 1e-6)
   for leaf in (updates["embeddings"]["layer_norm"]["scale"],
