@@ -285,14 +285,15 @@ def test_causal_lm_reaches_the_entropy_floor(tmp_path):
   under 0.02. A model below the floor sees the future (a leaking causal
   mask); one far above has not learned the bigram table.
   """
-  # Held-out loss against a floor of 0.734 (so at most 0.834 passes): 0.791
-  # after 300 steps, and already after 200, over 3 seeds of corpus, chain and
-  # model: 0.789, 0.777, 0.786 (the model has learned the bigram table by
-  # then; 200 steps are about 12 passes over the training documents).
+  # Held-out loss against a floor of 0.734 (so at most 0.834 passes), over
+  # 3 seeds of corpus, chain and model: 0.791 after 300 steps (seed 0);
+  # 0.789, 0.777, 0.786 after 200; 0.803, 0.801, 0.807 after 120 (about 7
+  # passes over the training documents), the steps this test runs: the worst
+  # seed 0.027 inside the bound, 5x the spread between seeds.
   corpus = write_corpus(tmp_path / "markov.txt", markov_docs(60))
-  c = short_run(load_config("gpt_small", "tiny"), corpus, steps=200,
+  c = short_run(load_config("gpt_small", "tiny"), corpus, steps=120,
                 learning_rate=5e-3, batch_size=32, seq_len=64)
-  c.fast_compile = False  # the tiny config's; 200 steps run faster optimised
+  c.fast_compile = False  # the tiny config's; steps run faster optimised
   final = run(c, tmp_path / "run")
   one_piece_per_word(tmp_path / "run")
   floor = (math.log(len(WORDS)) + 61 * math.log(2)) / 63
