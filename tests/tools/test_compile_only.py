@@ -1,10 +1,11 @@
 """`--compile_only`: the sharded train step compiled for 8 fake CPU devices.
 
 Everything that needs 8 devices runs in subprocesses started together: the
-CLI itself, once with the config's mesh and once with a mesh given on the
-command line, and a worker (this file as a script) that compiles several
-variants of configs/tiny.py through `compile_only.analyse`, the function the
-CLI reports from, and prints their per-device bytes as JSON.
+CLI itself, with a mesh given on the command line (`--config.mesh`, parsed
+into the config the step is compiled from), and a worker (this file as a
+script) that compiles several variants of configs/tiny.py through
+`compile_only.analyse`, the function the CLI reports from, and prints their
+per-device bytes as JSON.
 """
 
 import json
@@ -69,20 +70,22 @@ def _bytes(stdout: str) -> dict[str, int]:
 def runs():
   """Starts every subprocess at once; returns their results."""
   procs = {
-      "cli": _cli(*ACTIVATIONS, ALBERT_JAX_DEVICE_MEMORY_GIB="16"),
+      # One CLI run serves both CLI tests: its report, and the mesh from the
+      # command line (configs/tiny.py's own is data=-1, i.e. data=8).
+      "cli": _cli(*ACTIVATIONS, "--config.mesh=(('data',2),('fsdp',4))",
+                  ALBERT_JAX_DEVICE_MEMORY_GIB="16"),
       "worker": subprocess.Popen(
           [sys.executable, __file__], cwd=ROOT, env=_env(),
           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
   }
-  procs["cli_mesh"] = _cli(*ACTIVATIONS,
-                           "--config.mesh=(('data',2),('fsdp',4))")
   return {name: _finish(proc) for name, proc in procs.items()}
 
 
 def test_cli_prints_a_positive_per_device_report(runs):
   rc, out, err = runs["cli"]
   assert rc == 0, err[-3000:]
-  assert "for 8 cpu devices, mesh data=8, fsdp=1, tensor=1" in out
+  assert "for 8 cpu devices, mesh data=2, fsdp=4." in out
+  # Both data and fsdp split the batch: 8 data-parallel shards.
   assert "batch: 32 global, 4 per data-parallel shard" in out
   mem = _bytes(out)
   for key in ("state", "params", "optimizer", "arguments", "outputs",
@@ -99,7 +102,9 @@ def test_cli_prints_a_positive_per_device_report(runs):
 
 
 def test_cli_mesh_override(runs):
-  rc, out, err = runs["cli_mesh"]
+  """--config.mesh replaces configs/tiny.py's data=-1 (which would be
+  data=8, fsdp=1)."""
+  rc, out, err = runs["cli"]
   assert rc == 0, err[-3000:]
   assert "mesh data=2, fsdp=4." in out
 

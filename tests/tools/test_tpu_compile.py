@@ -6,15 +6,19 @@ with the TPU compiler, Mosaic included. These tests compile, for real:
   * the Pallas flash-attention kernels, forward and backward, for v4, v5e,
     v5p and v6e: head dims 64 and 128, bfloat16 and float32, causal and
     segment ids, sequences that are and are not multiples of 128;
-  * a tiny ALBERT train step for a v5e slice under data, FSDP and tensor
-    meshes, its attention on the Mosaic kernels (and, under the tensor mesh,
-    a vocabulary the tensor axis does not divide);
+  * a one-layer tiny ALBERT train step for a v5e slice under FSDP and
+    tensor meshes, its attention on the Mosaic kernels (and, under the
+    tensor mesh, a vocabulary the tensor axis does not divide);
   * ELECTRA's and the causal LM's pre-training steps and a fine-tuning step;
   * a step too big for the chips, which the compiler refuses (`DoesNotFit`);
-  * the CLI, once for the TPU slice with ALBERT-base and once for fake CPU
-    devices, which must agree on the exact state bytes.
-Shapes stay small: a compile takes seconds. They skip where libtpu is not
-installed.
+  * the CLI, once for the TPU slice with ALBERT-base (two of its shared
+    layers: the same parameters, a kernel count per unrolled layer) under a
+    data mesh, and once for fake CPU devices, which must agree on the exact
+    state bytes; the TPU run's report is also checked for what a data mesh
+    compiles to (all-reduced gradients, no gathers).
+Shapes stay small: a compile takes seconds (on TPU the layers are unrolled,
+so every layer is traced and compiled again: one or two layers, not more).
+They skip where libtpu is not installed.
 """
 
 import json
@@ -54,10 +58,11 @@ KERNEL_CASES = (
     (2, 72, 2, 64, jnp.float32, False, False),
 )
 FLASH = ("albert_flash_bwd_dkv", "albert_flash_bwd_dq", "albert_flash_fwd")
-# Head dim 64 (the kernel's smallest), two layers, no dropout (a kernel
-# hands dropout to XLA).
+# Head dim 64 (the kernel's smallest), one layer (the TPU unrolls the
+# layers: each one more is traced and compiled again; the CLI test counts
+# kernels over two), no dropout (a kernel hands dropout to XLA).
 MODEL = dict(hidden_size=128, num_attention_heads=2, intermediate_size=256,
-             attention_impl="pallas")
+             num_hidden_layers=1, attention_impl="pallas")
 
 
 def test_topology_arguments():
@@ -131,9 +136,13 @@ def _tiny(mesh, **model):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("mesh", ["data", "fsdp", "tensor"])
+@pytest.mark.parametrize("mesh", ["fsdp", "tensor"])
 def test_albert_step_compiles_for_a_v5e_slice(mesh):
-  meshes = {"data": [("data", -1)], "fsdp": [("data", 1), ("fsdp", -1)],
+  """FSDP: gathered parameters, reduce-scattered gradients; tensor: a
+  split vocabulary that needs padding. The data mesh (replicated state,
+  all-reduced gradients, no gathers) is the CLI test's TPU run, through
+  the same `compile_only.analyse`."""
+  meshes = {"fsdp": [("data", 1), ("fsdp", -1)],
             # 1001 words: the tensor axis does not divide the vocabulary.
             "tensor": [("data", -1), ("tensor", 2)]}
   config = _tiny(meshes[mesh], **({"vocab_size": 1001} if mesh == "tensor"
@@ -142,8 +151,8 @@ def test_albert_step_compiles_for_a_v5e_slice(mesh):
   assert (result["platform"], result["device_kind"], result["num_devices"],
           result["memory_source"]) == ("tpu", "TPU v5 lite", 4,
                                        "TPU compiler")
-  # Each of the two layers runs the three kernels.
-  assert result["mosaic_kernels"] == {k: 2 for k in FLASH}
+  # The one layer runs the three kernels.
+  assert result["mosaic_kernels"] == {k: 1 for k in FLASH}
   ops = {op: c["count"] for op, c in result["collectives"].items()}
   if mesh == "data":  # replicated state: gradients all-reduced, no gathers
     assert ops["all-reduce"] > 0 and ops["all-gather"] == 0
@@ -200,18 +209,18 @@ def test_other_steps_compile(objective):
     config = _load_config("electra_small.py", "tiny")
     config.model.update(dict(MODEL, hidden_size=256, num_attention_heads=4,
                              **no_dropout))
-    kernels_per_step = 4  # two layers each of generator and discriminator
+    kernels_per_step = 2  # one layer each of generator and discriminator
   elif objective == "causal_lm":
     config = _load_config("gpt_small.py", "tiny")
     config.model.update(dict(MODEL, embedding_size=128, **no_dropout))
     config.data.max_seq_length = 128
-    kernels_per_step = 2
+    kernels_per_step = 1
   else:
     config = config_lib.finetune_config(
         "glue/mrpc", learning_rate=1e-5, batch_size=8, num_train_steps=10,
         warmup_steps=1, max_seq_length=128, dropout=0.0)
     config.model = config_lib.tiny_model(**MODEL)
-    kernels_per_step = 2
+    kernels_per_step = 1
   config.batch_size = 8
   result = compile_only.analyse(config, topology=SLICE)
   assert result["target"] == {"finetune": "finetune glue/mrpc"}.get(
@@ -219,12 +228,18 @@ def test_other_steps_compile(objective):
   assert result["mosaic_kernels"] == {k: kernels_per_step for k in FLASH}
 
 
+# ALBERT-base shares its layers: two of them hold the same parameters as
+# twelve, and each one more that the TPU unrolls only adds compile time.
+CLI_LAYERS = 2
+
+
 def _cli(*args):
   return subprocess.Popen(
       [sys.executable, "-m", "albert_jax.main",
        "--config=configs/albert_base.py", "--compile_only",
        "--config.model.dtype=bfloat16", "--config.batch_size=8",
-       "--config.data.max_seq_length=128", *args],
+       "--config.data.max_seq_length=128",
+       f"--config.model.num_hidden_layers={CLI_LAYERS}", *args],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -240,7 +255,9 @@ def _finish(proc):
 def test_cli_tpu_and_cpu_agree_on_the_state():
   """ALBERT-base on four v5e chips, Pallas attention, against four fake
   CPU devices (where interpret-mode Pallas cannot run under a mesh: XLA
-  attention, which has no parameters either)."""
+  attention, which has no parameters either). The TPU run is also the data
+  mesh's compile: its report must show all-reduced gradients and no
+  gathers, three kernels per unrolled layer, and a total that adds up."""
   tpu = _cli(f"--topology={SLICE}", "--config.model.attention_impl=pallas")
   cpu = _cli("--num_fake_devices=4", "--config.model.attention_impl=xla")
   tpu_out, tpu_bytes = _finish(tpu)
@@ -251,9 +268,19 @@ def test_cli_tpu_and_cpu_agree_on_the_state():
       "tensor=1.\n")
   assert re.search(r"^  total per chip +[0-9.]+ +arguments \+ outputs - "
                    r"aliased \+ temporaries \[TPU compiler\]$", tpu_out, re.M)
-  assert re.search(r"^Mosaic kernels per step: 36 \(albert_flash_bwd_dkv "
-                   r"12, albert_flash_bwd_dq 12, albert_flash_fwd 12\)$",
-                   tpu_out, re.M)
+  n = CLI_LAYERS  # each unrolled layer runs the three kernels
+  assert re.search(rf"^Mosaic kernels per step: {3 * n} \(albert_flash_bwd_"
+                   rf"dkv {n}, albert_flash_bwd_dq {n}, albert_flash_fwd "
+                   rf"{n}\)$", tpu_out, re.M)
+  # A data mesh: the state is replicated, the gradients all-reduced.
+  collectives = re.search(r"^Collectives per step \(count, output bytes "
+                          r"per device\): (.*)\.$", tpu_out, re.M)
+  counts = {op: int(c) for op, c in re.findall(r"([a-z-]+) (\d+) \(",
+                                                collectives.group(1))}
+  assert counts["all-reduce"] > 0 and counts["all-gather"] == 0, counts
+  assert tpu_bytes["total"] == (
+      tpu_bytes["arguments"] + tpu_bytes["outputs"] - tpu_bytes["aliased"]
+      + tpu_bytes["temporaries"])
   assert re.search(r"^    matmuls [0-9.e+]+ \(1\.000x analytic without "
                    r"attention\), attention kernels [0-9.e+]+ \(1\.500x "
                    r"analytic attention\)$", tpu_out, re.M)
