@@ -38,6 +38,7 @@ def test_random_init_baseline_matches_the_pretrained_fine_tune(
   c.data.max_seq_length, c.masking.max_predictions = 32, 5
   c.batch_size, c.num_train_steps, c.optimizer.warmup_steps = 8, 2, 1
   c.eval_batches = 0
+  c.fast_compile = True  # 2 steps: compiling is most of a run
   c.log_every_steps = c.checkpoint_every_steps = c.eval_every_steps = 2
   workdir = str(tmp_path / "run")
   pretrain.run(c, workdir)
@@ -50,6 +51,7 @@ def test_random_init_baseline_matches_the_pretrained_fine_tune(
   f.data.split_from, f.data.text_column = str(labelled), "text"
   f.data.label_column = "label"
   f.log_every_steps = f.eval_every_steps = f.checkpoint_every_steps = 2
+  f.fast_compile = True
   pre = after.run_after_pretraining(f, workdir)
   rand = after.run_after_pretraining(f, workdir, random_init=True)
   assert pre["step"] == rand["step"] == 2

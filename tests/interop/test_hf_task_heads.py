@@ -35,7 +35,7 @@ TASKS = {  # task type → (labels, HF auto class)
 }
 
 
-def _model(family, task_type, tokenizer):
+def _model(family, task_type, tokenizer, compiler_options=None):
   cfg = ModelConfig.from_dict(config_lib.tiny_model(
       vocab_size=300, max_position_embeddings=T + 2, hidden_act="gelu",
       **FAMILIES[family]))
@@ -47,7 +47,9 @@ def _model(family, task_type, tokenizer):
       "input_ids", "token_type_ids", "attention_mask")}
   batch["p_mask"] = np.zeros(shape, bool)
   module = predict_lib.spec_from_record(settings, cfg).model
-  params = module.init(jax.random.key(1), batch)["params"]
+  # One compiled program: op by op, a tiny model's init costs ~15 CPU s.
+  params = jax.jit(module.init, compiler_options=compiler_options)(
+      jax.random.key(1), batch)["params"]
   # Spread every parameter, so biases and LayerNorms are exercised too.
   leaves, treedef = jax.tree.flatten(jax.tree.map(np.asarray,
                                                   predict_lib._unbox(params)))
@@ -83,8 +85,9 @@ CASES = [(f, t) for f in FAMILIES for t in TASKS
 @pytest.mark.parametrize("family,task_type", CASES)
 def test_export_matches_transformers_and_loads_back(family, task_type,
                                                     tmp_path,
-                                                    tiny_tokenizer):
-  model = _model(family, task_type, tiny_tokenizer)
+                                                    tiny_tokenizer,
+                                                    fast_compile):
+  model = _model(family, task_type, tiny_tokenizer, fast_compile)
   model.to_hf(str(tmp_path))
   config = json.loads((tmp_path / "config.json").read_text())
   labels, auto = TASKS[task_type]
@@ -122,15 +125,17 @@ def test_export_matches_transformers_and_loads_back(family, task_type,
 
 
 def test_heads_without_a_transformers_class_are_refused(tmp_path,
-                                                         tiny_tokenizer):
-  model = _model("albert", "question_answering", tiny_tokenizer)
+                                                         tiny_tokenizer,
+                                                         fast_compile):
+  model = _model("albert", "question_answering", tiny_tokenizer,
+                 fast_compile)
   model.settings["head_kind"] = "official"
   with pytest.raises(ValueError, match=(
       r"^This model has ALBERT's official SQuAD v2\.0 head .* which no "
       r"transformers class holds; AlbertForQuestionAnswering is the plain "
       r"span head\.")):
     model.to_hf(str(tmp_path))
-  model = _model("electra", "classification", tiny_tokenizer)
+  model = _model("electra", "classification", tiny_tokenizer, fast_compile)
   with pytest.raises(ValueError, match=(
       r"^transformers' ElectraForSequenceClassification reads \[CLS\] "
       "through dense \\+ GELU")):

@@ -33,6 +33,7 @@ def _config(objective, corpus, tokenizer):
   c.optimizer.warmup_steps = 1
   c.eval_every_steps = c.checkpoint_every_steps = 4
   c.log_every_steps, c.eval_batches = 2, 2
+  c.fast_compile = True  # 4 steps: compiling is most of a run
   return c
 
 

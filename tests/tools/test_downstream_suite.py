@@ -1,14 +1,20 @@
 """albert_jax.tools.downstream end to end with the real trainer, on TFDS's
-mock data: every GLUE task, SQuAD v1.1 and v2.0 (two trials at a time),
-then RACE; the reports recomputed by hand from the trials' own
-final_metrics.json, each trial's prediction files and the submission files
-checked. Seeds, medians over them and reruns are tested on a fake trainer
-(test_downstream.py); the RACE subsets high and middle in
-tests/finetune/test_finetune_tasks.py.
+mock data: every GLUE task, SQuAD v1.1 and v2.0, then RACE; the reports
+recomputed by hand from the trials' own final_metrics.json, each trial's
+prediction files and the submission files checked. Seeds, medians over them
+and reruns are tested on a fake trainer (test_downstream.py); the RACE
+subsets high and middle in tests/finetune/test_finetune_tasks.py.
 
-Each trial is its own `python -m albert_jax.main` process (through a
-wrapper that serves mock data), one optimizer step of a tiny ALBERT; on a
-CPU each costs tens of seconds of start-up, so this file takes minutes.
+Every trial is one optimizer step of a tiny ALBERT through the real trainer
+(albert_jax.finetune.run), from the command line's own arguments. Two of
+them (RTE and SQuAD v2.0, two at a time) are real trials of the command:
+each its own `python -m albert_jax.main` process (through a wrapper that
+serves mock data), tens of CPU seconds of start-up each. The others are the
+same trials (the same arguments, parsed by the same config flag, in the
+same workdirs, with the sweep's argument record) run here, in this process,
+beforehand, which the command then finds done, checks against its
+arguments and reports: the report, the GLUE score and the submission still
+cover every task, each from a real fine-tuning run.
 """
 
 import csv
@@ -19,8 +25,10 @@ import subprocess
 import sys
 import textwrap
 
+from absl import flags
 import jax
 import jax.numpy as jnp
+from ml_collections import config_flags
 import pytest
 
 from albert_jax import config_lib
@@ -28,9 +36,14 @@ from albert_jax.interop.pretrained import Pretrained
 from albert_jax.model import albert as albert_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.text.tokenizer import Tokenizer
+from albert_jax.finetune import registry
+from albert_jax.finetune import run as ft
 from albert_jax.tools import downstream
+from albert_jax.tools import sweep
+from albert_jax.training import config_check
 from albert_jax.training.run_setup import FAST_COMPILE_OPTIONS
 from locations import REPO
+from locations import TESTS
 
 MOCK_MAIN = textwrap.dedent("""\
     # albert_jax.main on TFDS's mock data.
@@ -89,6 +102,40 @@ def run_real(model, root, suite, seeds, parallel, extra=()):
       cwd=REPO, capture_output=True, text=True, check=False,
       env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
            "MOCK_TESTS_DIR": str(REPO / "tests" / "finetune")})
+
+
+def run_here(model, root, names, extra=()):
+  """The command's trials of `names` (seed 0), run in this process before
+  it: the arguments it gives each trial (`downstream.trials`, then the
+  sweep's command line), parsed by the config flag albert_jax.main parses
+  them with, checked as main checks them, fine-tuned by the trainer main
+  calls, on the mock data MOCK_MAIN serves; each workdir gets the sweep's
+  record of its arguments, which the command compares with its own."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  if str(TESTS / "finetune") not in sys.path:  # as MOCK_MAIN does
+    sys.path.insert(0, str(TESTS / "finetune"))
+  import test_finetune_race  # pylint: disable=g-import-not-at-top
+  planned = downstream.trials(model, names, 1, "paper")
+  for name, (config, trial) in planned.items():
+    workdir = f"{root}/{name}"
+    cmd = sweep._main_args(config, workdir, trial, [*ONE_STEP, *extra])  # pylint: disable=protected-access
+    values = flags.FlagValues()
+    argv = ["main", *cmd]
+    config_flags.DEFINE_config_file("config", None, flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    flags.DEFINE_string("workdir", None, "", flag_values=values)
+    values(argv)
+    check = values.config
+    config_check.check(check, registry.task_names())
+    os.makedirs(workdir)
+    with open(f"{workdir}/{sweep.ARGS_FILE}", "w", encoding="utf-8") as f:
+      json.dump(sweep._recorded_args(cmd), f)  # pylint: disable=protected-access
+    mock = (tfds.testing.mock_data(
+        as_dataset_fn=test_finetune_race._fake_race())  # pylint: disable=protected-access
+            if name.startswith("race/") else
+            tfds.testing.mock_data(num_examples=6))
+    with mock:
+      ft.run(check, values.workdir)
 
 
 def check_real_report(root, names, seeds):
@@ -154,11 +201,31 @@ def check_trials(root, names):
           assert json.load(f), path
 
 
-def test_every_task_on_mock_data(tiny_hf, tmp_path):
+# The command's real trials (their own processes, two at a time): a GLUE
+# classification task (whose test file is checked byte for byte against the
+# submission's copy) and SQuAD v2.0's span head; every other task is run in
+# this process beforehand (`run_here`).
+REAL = ("rte", "squad2.0")
+
+
+def test_every_task_on_mock_data(tiny_hf, tmp_path, monkeypatch):
+  """Every GLUE task and SQuAD v1.1/v2.0 through the command (RTE and
+  SQuAD v2.0 as its own trial processes, two at a time; the rest run
+  beforehand here, found done and reported): the report against the trials'
+  final_metrics.json, every trial's step, best step and prediction files,
+  the printed table and GLUE score, the submission folder (every GLUE file,
+  in index order; RTE's the 6 mock rows, labels by name, the trial's bytes).
+  Then RACE (all: high and middle dev, test): run here, reported by the
+  command, each dev set scored."""
+  monkeypatch.chdir(REPO)  # as the command runs: configs/ relative
   root = tmp_path / "runs"
+  names = downstream.parse_suite("glue,squad")
+  run_here(tiny_hf, root, [n for n in names if n not in REAL])
   result = run_real(tiny_hf, root, "glue,squad", 1, 2)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  names = downstream.parse_suite("glue,squad")
+  for name in names:  # the ones run here found done, the others run
+    said = "ok in" if name in REAL else "done, skipped"
+    assert f"] {name}/seed=0: {said}" in result.stdout, (name, result.stdout)
   report = check_real_report(root, names, 1)
   check_trials(root, names)
   assert report["glue"]["tasks"] == sorted(downstream.GLUE)
@@ -187,9 +254,11 @@ def test_every_task_on_mock_data(tiny_hf, tmp_path):
   # RACE's question+option budget (128 tokens) needs more than the 32 the
   # others run at; `--` arguments go to every trial, so it runs on its own.
   root = tmp_path / "race"
+  run_here(tiny_hf, root, ["race"], ["--config.data.max_qa_length=12"])
   result = run_real(tiny_hf, root, "race", 1, 1,
                     ["--config.data.max_qa_length=12"])
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "] race/seed=0: done, skipped" in result.stdout, result.stdout
   report = check_real_report(root, ["race"], 1)
   check_trials(root, ["race"])
   final = json.loads((root / "race" / "seed=0" / "final_metrics.json")
