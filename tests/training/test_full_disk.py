@@ -55,9 +55,9 @@ def _run(args, tmp_path, preexec_fn=None, **env):
       [sys.executable, "-c", _HOOK, *args], cwd=REPO, capture_output=True,
       text=True, timeout=300, check=False, preexec_fn=preexec_fn,
       env={**os.environ, "JAX_PLATFORMS": "cpu",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+           # As test_resume's runs (same flags, same config): the session's
+           # compilation cache (conftest) then holds this run's programs.
+           "XLA_FLAGS": "--xla_backend_optimization_level=0",
            "FULL_AT": "-1", "FULL_LIMIT": "0", **env})
 
 
@@ -71,14 +71,17 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(
     tiny_sop_dataset, tmp_path):
   tokenizer, data = tiny_sop_dataset
   workdir = tmp_path / "run"
-  args = ["--config=configs/tiny.py", f"--workdir={workdir}",
+  # test_resume's run (its programs are compiled once per session), with a
+  # checkpoint every 2 steps, all kept.
+  args = ["--config=configs/tiny.py:dropout=0.1", f"--workdir={workdir}",
           f"--config.data.tokenizer={tokenizer}",
           f"--config.data.data_dir={data}", "--config.model.vocab_size=300",
           f"--config.model.max_position_embeddings={SEQ}",
           f"--config.data.max_seq_length={SEQ}",
           "--config.masking.max_predictions=5", "--config.batch_size=8",
-          "--config.num_train_steps=6", "--config.checkpoint_every_steps=2",
-          "--config.eval_batches=0", "--config.fast_compile=True"]
+          "--config.num_train_steps=12", "--config.optimizer.warmup_steps=2",
+          "--config.checkpoint_every_steps=2", "--config.keep_checkpoints=10",
+          "--config.eval_batches=0", "--config.fast_compile=true"]
   # Under the checkpoint's smallest file (its shardings, 33 KB here).
   out = _run(args, tmp_path, FULL_AT="4", FULL_LIMIT="16000")
   assert out.returncode == 1, out.stderr[-4000:]
@@ -100,7 +103,8 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(
   rerun = _run(args, tmp_path)
   assert rerun.returncode == 0, rerun.stderr[-4000:]
   assert f"Resumed from step 2 in {workdir}." in rerun.stderr
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4", "6"]
+  assert sorted(os.listdir(workdir / "checkpoints"), key=int) == [
+      "2", "4", "6", "8", "10", "12"]
 
 
 def test_training_the_tokenizer_on_a_full_disk_is_one_line(tiny_spm,

@@ -48,7 +48,8 @@ _TINY_RUN = [
     "--config.batch_size=8", f"--config.num_train_steps={STEPS}",
     "--config.optimizer.warmup_steps=2",
     f"--config.checkpoint_every_steps={EVERY}", "--config.keep_checkpoints=10",
-    f"--config.log_every_steps={EVERY}", "--config.eval_batches=0"]
+    f"--config.log_every_steps={EVERY}", "--config.eval_batches=0",
+    "--config.fast_compile=true"]
 
 
 def readme_pod_commands() -> list[list[str]]:
@@ -70,12 +71,13 @@ def _swap(argv: list[str], bucket: str) -> list[str]:
   return out
 
 
-def _env(cache, **hooks):
+def _env(**hooks):
+  """The subprocesses' environment: the session's compilation cache
+  (conftest's JAX_COMPILATION_CACHE_DIR; the pre-training runs here compile
+  test_resume's programs: same flags, same config) and XLA's backend
+  optimisations off, as there (and --config.fast_compile)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_backend_optimization_level=0",
-         "JAX_COMPILATION_CACHE_DIR": str(cache),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+         "XLA_FLAGS": "--xla_backend_optimization_level=0"}
   env.update({f"RESUME_TEST_{k.upper()}": str(v) for k, v in hooks.items()})
   return env
 
@@ -139,9 +141,9 @@ def test_readme_pod_journey_on_cloud_storage(gcs_bucket, local_corpus,
       ["bash", "tpu_setup.sh", "run"]]
   copy, train, prepare, _, _, launch = (_swap(c, gcs_bucket)
                                         for c in commands)
-  cache, work = tmp_path / "jax_cache", tmp_path / "cwd"
+  work = tmp_path / "cwd"
   work.mkdir()
-  env = _env(cache)
+  env = _env()
 
   # gcloud storage cp CORPUS gs://B/corpus/: the tiny corpus instead.
   assert copy[-1] == f"{gcs_bucket}/corpus/"
@@ -170,7 +172,7 @@ def test_readme_pod_journey_on_cloud_storage(gcs_bucket, local_corpus,
   straight = _cli([*tiny, f"--workdir={gcs_bucket}/straight"],
                   tmp_path / "straight.log", env, REPO)
   _wait(straight, tmp_path / "straight.log")
-  killed = _cli(tiny, tmp_path / "killed.log", _env(cache, hang_at=8), REPO)
+  killed = _cli(tiny, tmp_path / "killed.log", _env(hang_at=8), REPO)
   deadline = time.time() + TIMEOUT
   # Finished as orbax counts it: in a bucket there is no tmp-dir rename, the
   # step directory exists from the start and a commit marker ends it.
@@ -201,7 +203,7 @@ def test_readme_pod_journey_on_cloud_storage(gcs_bucket, local_corpus,
               f"--config.data.tokenizer={gcs_bucket}/spm/spiece.model",
               f"--config.data.train_file={gcs_bucket}/ft/train.tsv",
               f"--config.data.eval_file={gcs_bucket}/ft/dev.tsv",
-              "--config.data.text_column=text",
+              "--config.data.text_column=text", "--config.fast_compile=true",
               f"--workdir={gcs_bucket}/classify"],
              tmp_path / "finetune.log", env, REPO), tmp_path / "finetune.log")
   assert storage.path(f"{gcs_bucket}/classify/final_metrics.json").exists()
@@ -267,9 +269,10 @@ def test_two_processes_share_one_gcs_workdir(gcs_bucket, tiny_sop_dataset,
           "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
           "--config.log_every_steps=2", "--config.eval_batches=0",
           "--config.mesh=(('data',-1),)", "--num_fake_devices=2",
+          "--config.fast_compile=true",
           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2"]
   writes = tmp_path / "writes.txt"
-  env = {**_env(tmp_path / "jax_cache"), "WRITES_LOG": str(writes)}
+  env = {**_env(), "WRITES_LOG": str(writes)}
   procs = []
   for i in range(2):
     log = tmp_path / f"process{i}.log"

@@ -91,10 +91,10 @@ def fixture_gcs(tmp_path, monkeypatch):
 
 def _env(gcs, tmp_path, **extra) -> dict:
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         # The session's compilation cache (conftest's
+         # JAX_COMPILATION_CACHE_DIR): test_resume's runs compile the same
+         # programs (same flags, same config).
          "XLA_FLAGS": "--xla_backend_optimization_level=0",
-         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache"),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
          # Every layer to this emulator (this process may hold another's).
          storage.EMULATOR: gcs.url, "TENSORSTORE_GCS_HTTP_URL": gcs.url,
          "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs.url,

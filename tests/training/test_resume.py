@@ -23,8 +23,10 @@ test kills it, and sends SIGTERM to its own process at the start of step
 11 (the trainer's real handler does the rest). It also dumps the final
 in-memory parameters, the trainer's own view to compare `load_pretrained`
 against. Processes after the first load the compiled steps from a
-persistent compilation cache, and XLA's backend optimisations are off (as in
-test_models), which keeps the four launches within budget.
+persistent compilation cache (the session's, shared with the other tests
+that run this config), and XLA's backend optimisations are off
+(--config.fast_compile and XLA_FLAGS, the same for every launch), which keeps
+the four launches within budget.
 """
 
 import json
@@ -125,25 +127,24 @@ def _command(workdir, dataset):
           "--config.optimizer.warmup_steps=2",
           f"--config.checkpoint_every_steps={EVERY}",
           "--config.keep_checkpoints=10", f"--config.log_every_steps={EVERY}",
-          "--config.eval_batches=0"]
+          "--config.eval_batches=0", "--config.fast_compile=true"]
 
 
 class Run:
   """One CLI process, its output in files (so nothing blocks on a pipe)."""
 
-  def __init__(self, name, workdir, dataset, root, cache=None, **hooks):
+  def __init__(self, name, workdir, dataset, root, **hooks):
     self.name, self.workdir = name, str(workdir)
     self.log = root / f"{name}.log"
     self.dump = root / f"{name}_params.npz"
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "RESUME_TEST_DUMP": str(self.dump)}
     # LLVM's optimisations dominate the compile time of a tiny model on CPU
-    # and are irrelevant to resuming: every process runs the same flags.
+    # and are irrelevant to resuming: every process runs the same flags
+    # (and --config.fast_compile). The compilation cache is the session's
+    # (conftest's JAX_COMPILATION_CACHE_DIR): these runs, test_lease's,
+    # test_gcs_journey's and test_gcs_outage's compile the same programs.
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
-    if cache:
-      env.update(JAX_COMPILATION_CACHE_DIR=str(cache),
-                 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     for key, value in hooks.items():
       env[f"RESUME_TEST_{key.upper()}"] = str(value)
     self._file = open(self.log, "w", encoding="utf-8")
@@ -193,12 +194,11 @@ def _wait_for_checkpoint(run, step, timeout=TIMEOUT):
 @pytest.fixture(scope="module")
 def runs(dataset, tmp_path_factory):
   root = tmp_path_factory.mktemp("resume")
-  cache = root / "jax_cache"
   straight_dir, resumed_dir = root / "straight", root / "interrupted"
   started = []
 
   def launch(name, workdir, **hooks):
-    started.append(Run(name, workdir, dataset, root, cache=cache, **hooks))
+    started.append(Run(name, workdir, dataset, root, **hooks))
     return started[-1]
 
   try:
@@ -382,7 +382,8 @@ def test_packed_run_resumes_bitwise(tiny_spm, tmp_path):
   """A packed run (data.pack=2, dropout on) that lost its last checkpoint
   resumes from the one before and ends bitwise where the straight run
   does: a packed batch, too, is a function of (seed, step) alone. In
-  process (`pretrain.run`), 6 steps."""
+  process (`pretrain.run`), 6 steps; the resumed workdir is a copy of the
+  straight one with checkpoint 6 removed."""
   import gzip  # pylint: disable=g-import-not-at-top
   import itertools  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
@@ -411,7 +412,9 @@ def test_packed_run_resumes_bitwise(tiny_spm, tmp_path):
   c.optimizer.warmup_steps = 2
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   pretrain.run(c, straight)
-  pretrain.run(c, resumed)
+  # The same run again would be this one, byte for byte: a copy of its
+  # workdir stands for it.
+  shutil.copytree(straight, resumed)
   shutil.rmtree(os.path.join(resumed, "checkpoints", "6"))
   pretrain.run(c, resumed)  # from checkpoint 3
   _assert_bitwise(_state(straight, 6), _state(resumed, 6),
