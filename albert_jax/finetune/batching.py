@@ -10,6 +10,12 @@ batch is padded with copies of row 0 whose weight is 0.
 Every batch gets "weights" [B] float32 (1 = real row), which the tasks' sums
 are weighted by. With a sharding, each process builds only its own rows and
 the batch becomes global `jax.Array`s.
+
+`PackedBatches` does the same over packed rows (`config.data.pack`): each
+epoch's permutation of the examples is packed afresh, so which examples
+share a row changes from epoch to epoch as the composition of an unpacked
+batch does, and a step takes the rows that hold `batch_size` examples on
+average.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import jax
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
+from albert_jax.finetune import packing
 
 
 class ArrayBatches:
@@ -68,11 +75,7 @@ class ArrayBatches:
     local_rows = rows[self._rows]
     local = {k: v[local_rows] for k, v in self.features.items()}
     local["weights"] = weights[self._rows].astype(np.float32)
-    if self.sharding is None:
-      return local
-    return {k: jax.make_array_from_process_local_data(
-        self.sharding, v, (self.batch_size,) + v.shape[1:])
-            for k, v in local.items()}
+    return _place(local, self.sharding, self.batch_size)
 
   def train_batch(self, step: int) -> Any:
     return self._take(self.train_rows(step), np.ones(self.batch_size))
@@ -93,3 +96,101 @@ class ArrayBatches:
       rows = np.arange(i * self.batch_size, (i + 1) * self.batch_size)
       real = rows < self.num_rows
       yield self._take(np.where(real, rows, 0), real.astype(np.float32))
+
+
+def _place(local: dict[str, np.ndarray], sharding, batch_size: int) -> Any:
+  """This process's rows of a batch → the global batch (NumPy without a
+  sharding)."""
+  if sharding is None:
+    return local
+  return {k: jax.make_array_from_process_local_data(
+      sharding, v, (batch_size,) + v.shape[1:]) for k, v in local.items()}
+
+
+class PackedBatches:
+  """Training batches of packed rows, a pure function of (seed, step).
+
+  Epoch e packs the examples in the order of permutation (seed, e)
+  (`packing.pack`, up to `per_row` a row); the epochs' rows follow each
+  other, and global step s takes rows s·R … s·R+R−1 of them, R =
+  `packing.rows_per_step` (from epoch 0's packing: the rows that hold
+  `batch_size` examples on average, a multiple of `multiple`). Epochs pack
+  to slightly different row counts; a resumed run recomputes them.
+
+  Args:
+    features: the split's unpacked arrays (`packing.pack`'s input), [N, ...].
+    per_row: K, at most this many examples a row.
+    batch_size: examples a step should hold, on average.
+    sharding: as `ArrayBatches`'.
+    seed: the shuffle's seed.
+    multiple: R is a multiple of this (data-parallel size × accumulation).
+  """
+
+  def __init__(self, features: dict[str, np.ndarray], per_row: int,
+               batch_size: int, *, sharding=None, seed: int = 0,
+               multiple: int = 1):
+    self.num_examples = len(features["input_ids"])
+    if self.num_examples == 0:
+      raise ValueError("The split has no rows to batch; check the data "
+                       "files / TFDS split it was read from.")
+    self.features = features
+    self.per_row = per_row
+    self.seed = seed
+    self.sharding = sharding
+    self._rows_so_far = [0]  # rows of the epochs before epoch e, e = index
+    first = self._epoch(0)
+    self.rows_per_epoch = len(first["input_ids"])
+    self.batch_size = packing.rows_per_step(  # rows a step takes
+        batch_size, self.num_examples, self.rows_per_epoch, multiple)
+    self._local = (slice(0, self.batch_size) if sharding is None else
+                   sharding_lib.process_batch_rows(sharding, self.batch_size))
+
+  @functools.lru_cache(maxsize=2)
+  def _epoch(self, epoch: int) -> dict[str, np.ndarray]:
+    order = np.random.default_rng([self.seed, epoch]).permutation(
+        self.num_examples)
+    return packing.pack({k: v[order] for k, v in self.features.items()},
+                        self.per_row)
+
+  def padding_fraction(self) -> float:
+    """The share of epoch 0's positions that are padding."""
+    return packing.padding_fraction(self._epoch(0))
+
+  def _epoch_start(self, epoch: int) -> int:
+    """The first row of `epoch` in the epochs' concatenated rows."""
+    while len(self._rows_so_far) <= epoch:
+      e = len(self._rows_so_far) - 1
+      self._rows_so_far.append(self._rows_so_far[-1] +
+                               len(self._epoch(e)["input_ids"]))
+    return self._rows_so_far[epoch]
+
+  def train_rows(self, step: int) -> list[tuple[int, np.ndarray]]:
+    """Global step `step`'s rows, in order: (epoch, rows of that epoch's
+    packing) for each epoch they come from."""
+    if step < 0:
+      raise ValueError(f"step must be >= 0, got {step}.")
+    position, end = step * self.batch_size, (step + 1) * self.batch_size
+    epoch = 0
+    while self._epoch_start(epoch + 1) <= position:
+      epoch += 1
+    out = []
+    while position < end:
+      start, stop = self._epoch_start(epoch), self._epoch_start(epoch + 1)
+      upto = min(end, stop)
+      out.append((epoch, np.arange(position - start, upto - start)))
+      position, epoch = upto, epoch + 1
+    return out
+
+  def train_batch(self, step: int) -> Any:
+    parts = self.train_rows(step)
+    glob = {k: np.concatenate([self._epoch(e)[k][rows] for e, rows in parts])
+            for k in self._epoch(parts[0][0])}
+    local = {k: v[self._local] for k, v in glob.items()}
+    local["weights"] = np.ones(len(local["input_ids"]), np.float32)
+    return _place(local, self.sharding, self.batch_size)
+
+  def iterate(self, start_step: int, num_steps: int
+              ) -> Iterator[tuple[int, Any]]:
+    """(step, batch) for steps start_step … start_step+num_steps−1."""
+    for step in range(start_step, start_step + num_steps):
+      yield step, self.train_batch(step)

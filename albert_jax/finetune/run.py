@@ -158,7 +158,10 @@ def _fine_tune(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   # Data, steps and what users see.
   ##############################################################################
-  train_batches = _train_batches(config, setup, r.data_sharding)
+  train_batches = _train_batches(
+      config, setup, r.data_sharding,
+      sharding_lib.data_parallel_size(r.mesh) * config.accumulation_steps)
+  rows = train_batches.batch_size  # config.batch_size, unless packed
   train = r.jit_train_step(objective, tx, schedule, start.shardings)
   replicated = jax.sharding.NamedSharding(r.mesh,
                                           jax.sharding.PartitionSpec())
@@ -175,7 +178,8 @@ def _fine_tune(config, r: run_setup.Run) -> dict[str, Any]:
   out = r.fit(start, train, train_batches,
               evaluate=_evaluator(setup, predict, eval_batch,
                                   r.data_sharding),
-              flops_per_step=setup.spec.flops_per_step(config.batch_size),
+              flops_per_step=setup.spec.flops_per_step(rows),
+              rows_per_step=rows,
               tokens_per_sequence=setup.spec.tokens_per_row,
               best_key=setup.best_key)
   if out.preempted_at is not None:
@@ -242,20 +246,27 @@ def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
   return evaluate
 
 
-def _train_batches(config, setup: _Setup, data_sharding
-                   ) -> batching.ArrayBatches:
-  """The shuffled training batches of step s (`ArrayBatches`), over packed
-  rows with `config.data.pack`."""
+def _train_batches(config, setup: _Setup, data_sharding, multiple: int):
+  """The shuffled training batches of step s: `ArrayBatches`, or with
+  `config.data.pack` `PackedBatches` (each epoch packed afresh; as many rows
+  a step as hold `config.batch_size` examples on average, a multiple of
+  `multiple`)."""
   features = setup.train_split.features
-  if setup.pack:
-    features = packing.pack(features, setup.pack)
-    log.info("Packed %d training examples into %d rows of up to %d: "
-             "padding %.1f%% of positions (%.1f%% one per row).",
-             setup.train_split.num_rows, len(features["input_ids"]),
-             setup.pack, 100 * packing.padding_fraction(features),
-             100 * packing.padding_fraction(setup.train_split.features))
-  return batching.ArrayBatches(
-      features, config.batch_size, sharding=data_sharding, seed=config.seed)
+  if not setup.pack:
+    return batching.ArrayBatches(
+        features, config.batch_size, sharding=data_sharding, seed=config.seed)
+  batches = batching.PackedBatches(
+      features, setup.pack, config.batch_size, sharding=data_sharding,
+      seed=config.seed, multiple=multiple)
+  examples, rows = batches.num_examples, batches.rows_per_epoch
+  log.info("Packed %d training examples into %d rows of up to %d (%.2f a "
+           "row): padding %.1f%% of positions (%.1f%% one per row). A step "
+           "takes %d rows, about %.1f examples (batch_size %d); each epoch "
+           "is packed afresh from its shuffle.", examples, rows, setup.pack,
+           examples / rows, 100 * batches.padding_fraction(),
+           100 * packing.padding_fraction(features), batches.batch_size,
+           batches.batch_size * examples / rows, config.batch_size)
+  return batches
 
 
 def _best_params(workdir: str, out, start) -> tuple[int, int, Any]:

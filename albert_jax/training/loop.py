@@ -72,6 +72,8 @@ class FitPlan:
     workdir: where the checkpoints, metrics and goodput record go.
     evaluate: (state, step) → eval metrics, or None for no evaluation.
     flops_per_step: training FLOPs of one step, for MFU.
+    rows_per_step: rows in a step's batch (`config.batch_size`, unless
+      packed fine-tuning takes fewer rows of several examples each).
     tokens_per_sequence: for the tokens/s figure.
     param_paths: the parameters' `tree.flatten` keys, to name bad gradients.
     best_key: the eval metric that ranks checkpoints for best-retention
@@ -90,6 +92,7 @@ class FitPlan:
   workdir: str
   evaluate: Callable[[Any, int], dict[str, float]] | None
   flops_per_step: float
+  rows_per_step: int
   tokens_per_sequence: int
   param_paths: list[str]
   best_key: str | None = None
@@ -174,6 +177,7 @@ class _Fit:
         plan.evaluate)
     self.flops_per_step = plan.flops_per_step
     self.tokens_per_sequence = plan.tokens_per_sequence
+    self.rows_per_step = plan.rows_per_step
     self.best_key = plan.best_key
     workdir, start_step = plan.workdir, plan.start_step
     is_main = jax.process_index() == 0
@@ -250,7 +254,6 @@ class _Fit:
 
   def log_train(self, done: int, m) -> None:
     """train/* scalars and the progress bar for the step just run."""
-    config = self.config
     self.check_pending()
     m = jax.device_get(m)
     m.pop("nonfinite_grads")
@@ -259,10 +262,10 @@ class _Fit:
     now = time.time()
     dt = (now - self.t_last) / max(done - self.s_last, 1)
     self.t_last, self.s_last = now, done
-    m["seq_per_sec"] = config.batch_size / dt
+    m["seq_per_sec"] = self.rows_per_step / dt
     if "examples" in m:  # a fine-tuning batch's real examples (packed rows
       m["examples_per_sec"] = m["examples"] / dt  # hold several each)
-    m["tokens_per_sec"] = config.batch_size * self.tokens_per_sequence / dt
+    m["tokens_per_sec"] = self.rows_per_step * self.tokens_per_sequence / dt
     # The objective's padding_fraction (from the batch): only real tokens
     # are useful work, so MFU counts their share of the step's FLOPs.
     real = 1.0 - m.get("padding_fraction", 0.0)

@@ -223,8 +223,10 @@ class Run:
           batches: StepBatches, *,
           evaluate: Callable[[Any, int], dict[str, float]] | None,
           flops_per_step: float, tokens_per_sequence: int,
-          best_key: str | None) -> loop.FitResult:
-    """`loop.fit` from `start` to `config.num_train_steps`."""
+          best_key: str | None, rows_per_step: int | None = None
+          ) -> loop.FitResult:
+    """`loop.fit` from `start` to `config.num_train_steps`; a step's batch
+    holds `rows_per_step` rows (None: `config.batch_size`)."""
     config, step = self.config, start.step
     return loop.fit(config, loop.FitPlan(
         state=start.state, train_step=train_step, mngr=start.mngr,
@@ -232,6 +234,7 @@ class Run:
             step, max(config.num_train_steps - step, 0)),
         start_step=step, resumed=start.resumed, evaluate=evaluate,
         flops_per_step=flops_per_step,
+        rows_per_step=rows_per_step or config.batch_size,
         tokens_per_sequence=tokens_per_sequence,
         param_paths=list(tree_lib.flatten(start.state["params"])),
         best_key=best_key, lease=self.lease, started_at=self.started_at))

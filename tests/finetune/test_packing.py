@@ -8,7 +8,11 @@
     gradients of a packed batch equal the unpacked batch's; changing one
     example's tokens changes no other example's logits;
   * refusals: tasks that do not pack, packing with the next-token loss, bad
-    values of config.data.pack.
+    values of config.data.pack;
+  * a step of a packed run takes the rows that hold `batch_size` examples on
+    average (`rows_per_step`), so its epochs are the unpacked run's; each
+    epoch is packed afresh from its shuffle, batches a function of (seed,
+    step) (`PackedBatches`).
 """
 
 import importlib.util
@@ -25,6 +29,7 @@ import numpy as np
 import pytest
 
 from albert_jax import config_lib
+from albert_jax.finetune import batching
 from albert_jax.finetune import classification
 from albert_jax.finetune import packing
 from albert_jax.finetune import registry
@@ -106,6 +111,61 @@ def test_pack_properties(lengths, per_row):
   back = packing.unpack(fake, index, len(lengths))
   np.testing.assert_array_equal(back["prediction"],
                                 np.arange(len(lengths)) * 10)
+
+
+@pytest.mark.parametrize("batch,examples,rows,multiple,want", [
+    (32, 110, 32, 1, 9),    # 3.44 a row: 9.3 rows → 9
+    (32, 100, 40, 1, 13),   # 2.5 a row: 12.8 → 13
+    (32, 110, 32, 4, 12),   # 9, up to a multiple of 4 devices
+    (4, 64, 8, 1, 1),       # 8 a row: half a row → one
+    (4, 64, 8, 2, 2),
+    (16, 16, 16, 1, 16),    # one a row: unchanged
+])
+def test_rows_per_step(batch, examples, rows, multiple, want):
+  assert packing.rows_per_step(batch, examples, rows, multiple) == want
+
+
+def _packed_batches(seed=0, batch=12, n=50):
+  lengths = np.random.default_rng(7).integers(2, 9, n)
+  return batching.PackedBatches(_examples(lengths), 4, batch, seed=seed)
+
+
+def test_packed_batches_are_a_function_of_seed_and_step():
+  a, b = _packed_batches(), _packed_batches()
+  later = [b.train_batch(s) for s in (9, 3, 0)]  # a resumed run's order
+  for s, got in zip((9, 3, 0), later):
+    want = a.train_batch(s)
+    assert want.keys() == got.keys()
+    for k in want:
+      np.testing.assert_array_equal(want[k], got[k], err_msg=k)
+  other = _packed_batches(seed=1).train_batch(0)
+  assert not np.array_equal(other["slot_index"], a.train_batch(0)[
+      "slot_index"])
+
+
+def test_each_epoch_is_packed_afresh_and_holds_every_example_once():
+  batches = _packed_batches()
+  r = batches.batch_size
+  per_epoch = batches.rows_per_epoch
+  steps = -(-3 * per_epoch // r) + 1  # past the end of epoch 2
+  seen = {}  # epoch → example ids of its rows, in row order
+  rows_of = {}
+  for step in range(steps):
+    batch = batches.train_batch(step)
+    assert batch["input_ids"].shape[0] == r
+    at = 0
+    for epoch, rows in batches.train_rows(step):
+      for i in range(len(rows)):
+        ids = batch["slot_index"][at + i]
+        seen.setdefault(epoch, []).extend(ids[ids >= 0].tolist())
+        rows_of.setdefault(epoch, []).append(tuple(sorted(ids[ids >= 0])))
+      at += len(rows)
+  for epoch in (0, 1, 2):
+    assert sorted(seen[epoch]) == list(range(50)), epoch
+  # Which examples share a row changes from epoch to epoch.
+  assert set(rows_of[0]) != set(rows_of[1]) != set(rows_of[2])
+  # A step holds batch_size (12) examples on average over the epochs.
+  assert 3 * 50 / (3 * per_epoch / r) == pytest.approx(12, rel=0.25)
 
 
 @pytest.fixture(name="setup", scope="module")
@@ -226,7 +286,7 @@ def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
 
   def run(pack):
     c = config_lib.finetune_config(
-        "files", learning_rate=1e-3, batch_size=4, num_train_steps=4,
+        "files", learning_rate=1e-3, batch_size=8, num_train_steps=8,
         warmup_steps=1, max_seq_length=32, dropout=0.0)
     for k, v in config_lib.tiny_model(vocab_size=300,
                                       max_position_embeddings=32).items():
@@ -235,7 +295,8 @@ def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
     c.data.update(train_file=str(tmp_path / "train.tsv"),
                   eval_file=str(tmp_path / "eval.tsv"),
                   text_column="text", label_column="label", pack=pack)
-    c.log_every_steps = c.eval_every_steps = c.checkpoint_every_steps = 2
+    c.log_every_steps = 1
+    c.eval_every_steps = c.checkpoint_every_steps = 4
     c.async_checkpoints = False
     c.fast_compile = True
     work = tmp_path / f"work{pack}"
@@ -243,16 +304,25 @@ def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
     lines = [json.loads(l) for l in (work / "tensorboard" / "metrics.jsonl").read_text(
         ).splitlines()]
     train = [l for l in lines if "train/padding_fraction" in l]
+    assert len(train) == 8
     preds = sorted((work / "predictions").glob("*eval*"))
-    return result, train[-1], preds[0].read_text().splitlines()
+    return result, train, preds[0].read_text().splitlines()
 
   one, one_train, one_preds = run(0)
   many, many_train, many_preds = run(4)
-  assert one_train["train/padding_fraction"] > 0.5  # 2-5 words of 32
-  assert many_train["train/padding_fraction"] < 0.3
-  # Rows of up to 4 examples: more examples a step than rows.
-  assert many_train["train/examples"] > 4 == one_train["train/examples"]
-  assert many_train["train/examples_per_sec"] > 0
+  def padding(train):
+    return sum(l["train/padding_fraction"] for l in train) / len(train)
+  assert padding(one_train) > 0.45  # 2-5 words of 32
+  assert padding(many_train) < 0.3
+  # batch_size counts examples either way: 8 rows of one, or the 2-3 rows
+  # of up to 4 that hold 8 on average (32 examples: 8 steps are 2 epochs).
+  assert [l["train/examples"] for l in one_train] == [8.0] * 8
+  examples = [l["train/examples"] for l in many_train]
+  assert sum(examples) / 8 == pytest.approx(8, abs=2), examples
+  ratio = [l["train/seq_per_sec"] / l["train/examples_per_sec"]
+           for l in many_train]
+  assert max(ratio) < 1, ratio  # fewer rows than examples, every step
+  assert many_train[-1]["train/examples_per_sec"] > 0
   assert len(many_preds) == len(one_preds) == 9  # a header and 8 rows
   # Row order is the eval file's: row numbers and gold labels line for line.
   assert [l.split("\t")[0::2] for l in many_preds] == [

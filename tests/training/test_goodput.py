@@ -157,7 +157,8 @@ def test_fit_accounts_for_its_wall_time_and_names_a_data_stall(tmp_path,
         state=state, train_step=_step,
         batches=_slow_batches(12, 0.03), start_step=0, resumed=False,
         mngr=mngr, workdir=str(tmp_path), evaluate=None, flops_per_step=1.0,
-        tokens_per_sequence=4, param_paths=["w"], started_at=started))
+        rows_per_step=config.batch_size, tokens_per_sequence=4,
+        param_paths=["w"], started_at=started))
   wall = time.time() - started
   g = out.goodput
   assert sum(g["seconds"].values()) == pytest.approx(wall, rel=0.02)
@@ -190,5 +191,7 @@ def test_a_fast_loader_is_not_a_stall(tmp_path, caplog):
         state=state, train_step=step,
         batches=((i, None) for i in range(12)), start_step=0,
         resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
-        flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"]))
+        flops_per_step=1.0,
+        rows_per_step=config.batch_size, tokens_per_sequence=4,
+        param_paths=["w"]))
   assert "Data stall" not in caplog.text

@@ -248,7 +248,8 @@ def test_a_run_whose_lease_is_taken_over_stops_without_saving(tmp_path):
                "params": {"w": jnp.zeros(2)}},
         train_step=_fake_step(first_bad=100), batches=batches(),
         start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
-        evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
+        evaluate=None, flops_per_step=1.0,
+        rows_per_step=config.batch_size, tokens_per_sequence=4,
         param_paths=["w"], lease=held))
   assert mngr.all_steps() == [2, 4]
   held.stop.set()

@@ -65,7 +65,9 @@ def test_a_run_that_started_non_finite_saves_nothing(tmp_path):
         state=state, train_step=_fake_step(1),
         batches=((i, None) for i in range(10)), start_step=0,
         resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
-        flops_per_step=1.0, tokens_per_sequence=4, param_paths=["w"]))
+        flops_per_step=1.0,
+        rows_per_step=config.batch_size, tokens_per_sequence=4,
+        param_paths=["w"]))
   assert str(e.value).endswith(
       "The parameters or optimizer state were already non-finite before "
       f"these steps (a damaged checkpoint or init); nothing was saved. Resume "
@@ -108,7 +110,8 @@ def _fit(tmp_path, first_bad, **config):
   return mngr, loop.fit(config, loop.FitPlan(
       state=state, train_step=_fake_step(first_bad), batches=batches,
       start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
-      evaluate=None, flops_per_step=1.0, tokens_per_sequence=4,
+      evaluate=None, flops_per_step=1.0,
+      rows_per_step=config.batch_size, tokens_per_sequence=4,
       param_paths=["w"]))
 
 
@@ -159,7 +162,8 @@ def test_sigterm_during_a_long_evaluation_saves_within_seconds(tmp_path):
       state=state, train_step=_fake_step(100),
       batches=((i, None) for i in range(config.num_train_steps)),
       start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
-      evaluate=evaluate, flops_per_step=1.0, tokens_per_sequence=4,
+      evaluate=evaluate, flops_per_step=1.0,
+      rows_per_step=config.batch_size, tokens_per_sequence=4,
       param_paths=["w"]))
   stopped = time.time() - signalled[0] - 0.2
   assert (out.preempted_at, out.stopped_by) == (4, "SIGTERM")
