@@ -32,6 +32,8 @@ WORD_START = "\u0120"
 MIN_VOCAB_SIZE = 256 + len(SPECIALS)
 PAIR_FILES = ("vocab.json", "merges.txt")
 _CONFIG = "tokenizer_config.json"
+# Every file `save` writes, tokenizer.json last.
+_FILES = ("vocab.json", "merges.txt", _CONFIG, "tokenizer.json")
 
 
 def added_token(content: str):
@@ -171,11 +173,40 @@ def save(tok, directory: str | os.PathLike) -> str:
   (from tokenizer.json; vocab.json + merges.txt serve loaders that read
   those). `directory` is local or `gs://`; tokenizer.json goes last, so its
   presence means the set is whole. Returns the tokenizer.json path.
+
+  Raises:
+    OSError: a write failed (a full disk, a folder not writable), in one
+      line naming the folder; the files this save added are removed (files
+      it replaced stay, each whole: every write is atomic).
   """
   directory = storage.path(directory)
+  existed = {n for n in _FILES if (directory / n).exists()}
+  written = []  # names this save writes into `directory`
+  try:
+    return _save(tok, directory, written)
+  except OSError as e:
+    for name in set(written) - existed:
+      (directory / name).unlink(missing_ok=True)
+    raise OSError(
+        f"Writing the BPE tokenizer into {directory} failed "
+        f"({e.strerror or e}): the disk is full, or the folder is not "
+        "writable. Free space there (or choose another folder) and run "
+        "again; no partial tokenizer is left.") from e
+
+
+def _save(tok, directory, written: list[str]) -> str:
+  """`save`'s writes, each file's name added to `written` before it is
+  written."""
   directory.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(prefix="albert_jax_") as tmp:
-    tok.model.save(tmp)  # vocab.json, merges.txt; only to a local directory
+    try:
+      tok.model.save(tmp)  # vocab.json, merges.txt; only to a local folder
+    except Exception as e:  # pylint: disable=broad-except
+      # The tokenizers library raises a bare Exception("… (os error N)").
+      if "os error" not in str(e):
+        raise
+      raise OSError(str(e)) from e
+    written += sorted(os.listdir(tmp))
     staging.publish(tmp, directory)
   level = _find_type(_state(tok.pre_tokenizer), "ByteLevel") or {}
   post = _state(tok.post_processor)
@@ -197,8 +228,10 @@ def save(tok, directory: str | os.PathLike) -> str:
                             "special": True}
   if processor is not None:
     config["tokenizer_class"] = "RobertaTokenizer"
+  written.append(_CONFIG)
   storage.write_atomic(directory / _CONFIG, json.dumps(config, indent=2))
   out = directory / "tokenizer.json"
+  written.append(out.name)
   # What `tok.save(out)` writes, which takes only a local name.
   storage.write_atomic(out, tok.to_str(pretty=True))
   return os.fspath(out)

@@ -405,8 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   vocab_size = args.vocab_size or (50265 if bpe else 30000)
   try:
     tok = train(args.input, vocab_size, kind=args.type, **options)
-  except (ValueError, RuntimeError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)  # a bad corpus, or spm's complaint
+  except (ValueError, RuntimeError, OSError) as e:
+    # A bad corpus, spm's complaint, a file not found or a full disk.
+    print(f"error: {e}", file=sys.stderr)
     return 2
   s = tok.train_stats
   print(f"Wrote {tok.path}: {tok.vocab_size} pieces from {s['sampled']} of "

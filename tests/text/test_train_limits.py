@@ -1,11 +1,18 @@
-"""SentencePiece training at its limits: long lines and too many pieces."""
+"""Tokenizer training at its limits: long lines, too many pieces, a full
+disk."""
 
+import os
 import random
+import resource
+import subprocess
+import sys
 
 import pytest
 
 from albert_jax.text import train
 from albert_jax.text.tokenizer import Tokenizer
+from locations import CORPUS
+from locations import REPO
 
 
 def _paragraph_corpus(path, lines=120, words=1200):
@@ -54,3 +61,40 @@ def test_a_megabyte_sentence_is_left_out_with_a_warning(tmp_path, caplog):
   assert stats["sampled"] == 121
   assert ("1 of 121 sentences are over 65536 bytes and are left out of the "
           "vocabulary's training (they are still tokenised).") in caplog.text
+
+
+def test_a_bpe_tokenizer_on_a_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path):
+  """The disk fills for real: past a file-size limit the kernel refuses
+  writes (EFBIG, as ENOSPC on a full disk). The tokenizers library's own
+  write and ours each fail in one line naming the folder; no file of the
+  set is left."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import itertools  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / "corpus.txt"
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    corpus.write_text("".join(itertools.islice(f, 2000)), encoding="utf-8")
+  out = tmp_path / "bpe"
+  for limit in (2_000, 20_000):  # vocab.json (~16 KB) fails; then later
+    def full_disk(limit=limit):
+      resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    proc = subprocess.run(
+        [sys.executable, "-m", "albert_jax.text.train", "--type", "bpe",
+         "--input", str(corpus), "--vocab_size", "1000", "--output",
+         str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+        check=False, preexec_fn=full_disk,
+        # No .pyc writes: under the limit Python's bytecode write stops
+        # short without an error and would leave a truncated file.
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert line.startswith(f"error: Writing the BPE tokenizer into {out} "
+                           "failed ("), line
+    assert line.endswith("the disk is full, or the folder is not writable. "
+                         "Free space there (or choose another folder) and "
+                         "run again; no partial tokenizer is left."), line
+    assert not out.exists() or os.listdir(out) == [], os.listdir(out)
+  done = train.train(str(corpus), 1000, kind="bpe", output=str(out))
+  assert done.vocab_size == 1000

@@ -54,7 +54,11 @@ def _run(args, tmp_path, preexec_fn=None, **env):
   return subprocess.run(
       [sys.executable, "-c", _HOOK, *args], cwd=REPO, capture_output=True,
       text=True, timeout=300, check=False, preexec_fn=preexec_fn,
+      # No .pyc writes: under the file-size limit Python's raw write of a
+      # module's bytecode stops short without an error, and the truncated
+      # file would break every later import of that module.
       env={**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONDONTWRITEBYTECODE": "1",
            # As test_resume's runs (same flags, same config): the session's
            # compilation cache (conftest) then holds this run's programs.
            "XLA_FLAGS": "--xla_backend_optimization_level=0",
