@@ -8,11 +8,11 @@ in big_vision; the text after `:` in `--config=configs/x.py:a=1,b=two` is
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
 import ml_collections
 
+from albert_jax import hints
 from albert_jax.model.config import ModelConfig
 
 # name: (hidden, layers, heads, ffn). All ALBERT releases: vocab 30000, E=128.
@@ -51,10 +51,9 @@ def parse_arg(arg: str | None, **spec: Any) -> ml_collections.ConfigDict:
     key, sep, value = item.partition("=")
     key = key.strip()
     if key not in spec:
-      close = difflib.get_close_matches(key, list(spec), n=3)
       raise ValueError(
-          f"Unknown config argument {key!r}; valid: {sorted(spec)}"
-          + (f" (did you mean {', '.join(close)}?)" if close else ""))
+          f"Unknown config argument {key!r}{hints.did_you_mean(key, spec, 3)}"
+          f"; valid: {sorted(spec)}")
     default = spec[key]
     if not sep:
       value = "true"

@@ -18,7 +18,6 @@ coordinator flags are given.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import sys
@@ -68,6 +67,8 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from albert_jax import hints
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -109,11 +110,10 @@ def config_key_error(config, key: str) -> str:
   for i, part in enumerate(parts):
     keys = list(node.keys()) if hasattr(node, "keys") else []
     if part not in keys:
-      close = difflib.get_close_matches(part, keys, n=3, cutoff=0.5)
       where = ".".join(parts[:i]) or "config"
-      hint = f" Did you mean {', '.join(close)}?" if close else ""
-      return (f"Unknown config key {key!r}: {where} has no field {part!r}."
-              f"{hint} Valid fields there: {', '.join(sorted(keys))}.")
+      hint = hints.did_you_mean(part, keys, n=3, cutoff=0.5)
+      return (f"Unknown config key {key!r}: {where} has no field {part!r}"
+              f"{hint}. Valid fields there: {', '.join(sorted(keys))}.")
     node = node[part]
   return f"Bad config key {key!r}."
 

@@ -161,8 +161,8 @@ def test_unknown_config_key_names_the_closest(cli_once, override, wanted):
   key = override.split("=")[0][len("--config."):]
   bad = key.split(".")[0]
   assert proc.stderr.splitlines()[-1].startswith(
-      f"error: Unknown config key {key!r}: config has no field {bad!r}. "
-      f"Did you mean {wanted}"), proc.stderr[-2000:]
+      f"error: Unknown config key {key!r}: config has no field {bad!r} "
+      f"(did you mean {wanted!r}"), proc.stderr[-2000:]
   assert not proc.workdir.exists()  # failed before writing anything
 
 

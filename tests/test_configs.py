@@ -237,9 +237,9 @@ def test_albert_v1_activation_on_each_path():
 
 
 def test_unknown_arg_fails_with_suggestion():
-  with pytest.raises(ValueError, match="did you mean version"):
+  with pytest.raises(ValueError, match="did you mean 'version'"):
     get_config("albert_base", "verison=1")
-  with pytest.raises(ValueError, match="did you mean share"):
+  with pytest.raises(ValueError, match="did you mean 'share'"):
     get_config("tiny", "shared=none")
   with pytest.raises(ValueError, match="Unknown config argument"):
     get_config("bert_base", "version=1")  # BERT takes no arguments

@@ -135,7 +135,7 @@ def test_no_name_is_imported_through_a_shim():
 # config_lib assembles every stage's defaults into presets, so it sits above
 # the stages; the command lines (main, predict) and the package's public
 # API ("": albert_jax/__init__.py) last.
-STAGES = (("retry", "storage", "tree", "sharding"), ("text",), ("data",),
+STAGES = (("hints", "retry", "storage", "tree", "sharding"), ("text",), ("data",),
           ("ops",), ("model",), ("training",), ("interop",), ("finetune",),
           ("config_lib",), ("tools",), ("main", "predict"), ("",))
 

@@ -58,6 +58,7 @@ from typing import Optional
 
 import numpy as np
 
+from albert_jax import hints
 from albert_jax import storage
 from albert_jax.finetune import classification
 from albert_jax.finetune import metrics as task_metrics
@@ -128,7 +129,7 @@ class FilesTask(classification.SingleLabelTask):
     task_type = data.get("task_type", "classification")
     if task_type not in TASK_TYPES:
       raise ValueError(f"data.task_type={task_type!r}"
-                       f"{tabular.closest(str(task_type), TASK_TYPES)}; "
+                       f"{hints.did_you_mean(str(task_type), TASK_TYPES)}; "
                        f"choose one of {TASK_TYPES}.")
     self.regression = task_type == "regression"
     header = data.get("header", None)
@@ -165,7 +166,7 @@ class FilesTask(classification.SingleLabelTask):
     self.metric = data.get("metric", None) or allowed[0]
     if self.metric not in allowed:
       raise ValueError(f"data.metric={self.metric!r}"
-                       f"{tabular.closest(str(self.metric), allowed)}; this "
+                       f"{hints.did_you_mean(str(self.metric), allowed)}; this "
                        f"task reports {allowed} (higher is better).")
     self.eval_splits = ("eval",)
     self.predict_splits = ("eval",) + (("test",) if "test" in paths else ())
@@ -262,7 +263,7 @@ class FilesTask(classification.SingleLabelTask):
         raise FileFormatError(
             f"{where} (row {i}): label {key!r} does not occur in "
             f"data.train_file {train}"
-            f"{tabular.closest(key, sorted(trained - {''}))}; the model "
+            f"{hints.did_you_mean(key, sorted(trained - {''}))}; the model "
             "cannot learn a label it never sees. Correct the label, or add "
             "training rows with it.")
       if key not in index:

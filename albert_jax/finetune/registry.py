@@ -12,9 +12,9 @@ its kind through `task_type`; see `albert_jax.finetune.task_type`.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 
+from albert_jax import hints
 from albert_jax.finetune.task import Task
 from albert_jax.finetune.task_type import PredictError
 from albert_jax.finetune.task_type import TaskType
@@ -67,10 +67,7 @@ def check_name(name) -> None:
   names = task_names()
   if name in names:
     return
-  by_folded = {n.casefold(): n for n in names}
-  close = difflib.get_close_matches(str(name).casefold(), list(by_folded),
-                                    n=1, cutoff=0.6)
-  hint = f" (did you mean {by_folded[close[0]]!r}?)" if close else ""
+  hint = hints.did_you_mean(name, names)
   glue = [n[len("glue/"):] for n in names if n.startswith("glue/")]
   others = [n for n in names if not n.startswith("glue/")]
   raise ValueError(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import csv
 import dataclasses
-import difflib
 import gzip
 import io
 import json
@@ -30,6 +29,7 @@ import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
+from albert_jax import hints
 from albert_jax import storage
 from albert_jax.text import encoding
 
@@ -338,15 +338,6 @@ def check_case_variants(counts: Mapping[str, int], what: str) -> None:
       "classes distinctly if they are meant to differ.")
 
 
-def closest(name: str, choices: Sequence[str]) -> str:
-  """" (did you mean 'x'?)" for the choice closest to a misspelt `name`,
-  case aside, or "" if none is close."""
-  folded = {c.casefold(): c for c in choices}
-  found = difflib.get_close_matches(name.casefold(), list(folded), n=1,
-                                    cutoff=0.6)
-  return f" (did you mean {folded[found[0]]!r}?)" if found else ""
-
-
 def column(table: Table, name: str, what: str,
            key: str = "the column name") -> list[Any]:
   """A column's values; a missing column is an error listing those found
@@ -361,14 +352,14 @@ def column(table: Table, name: str, what: str,
   if name not in table.columns:
     raise FileFormatError(
         f"{what} {table.path} has no column {name!r}"
-        f"{closest(name, table.columns)}; its columns are "
+        f"{hints.did_you_mean(name, table.columns)}; its columns are "
         f"{list(table.columns)}. Fix {key} in the config"
         + ("." if table.has_header else " or data.header."))
   values = []
   for row, line in zip(table.rows, table.lines):
     if name not in row:  # JSONL objects need not share keys
       raise FileFormatError(f"{what} {table.path}, line {line}: no field "
-                            f"{name!r}{closest(name, row)}; every JSON "
+                            f"{name!r}{hints.did_you_mean(name, row)}; every JSON "
                             "object needs one.")
     values.append(row[name])
   return values

@@ -10,10 +10,11 @@ a message before anything is traced. Field names follow HF transformers'
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
 import jax.numpy as jnp
+
+from albert_jax import hints
 
 SHARE_MODES = ("all", "attention", "ffn", "none")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -215,12 +216,8 @@ class ModelConfig:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in values if k not in names]
     if unknown:
-      hints = []
-      for k in unknown:
-        close = difflib.get_close_matches(k, names, n=3)
-        hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)"
-                                  if close else ""))
-      raise ValueError("Unknown model config keys: " + "; ".join(hints))
+      raise ValueError("Unknown model config keys: " + "; ".join(
+          f"{k!r}{hints.did_you_mean(k, names, n=3)}" for k in unknown))
     return cls(**values)
 
   def to_dict(self) -> dict[str, Any]:

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -84,6 +83,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from albert_jax import hints
 from albert_jax import storage
 from albert_jax.tools import sweep
 
@@ -193,11 +193,9 @@ def parse_suite(suite: str) -> list[str]:
       names.append(item)
     else:
       known = [*SUITES, *TASKS]
-      close = difflib.get_close_matches(item, known, n=2)
       raise DownstreamError(
           f"unknown task {item!r} in --suite"
-          + (f" (did you mean {' or '.join(close)}?)" if close else "")
-          + f"; give a suite ({', '.join(SUITES)}) or task names from "
+          f"{hints.did_you_mean(item, known, n=2)}; give a suite ({', '.join(SUITES)}) or task names from "
           f"{', '.join(TASKS)}, e.g. --suite=glue or --suite=rte,mrpc.")
   if not names:
     raise DownstreamError("--suite names no task; give e.g. --suite=glue.")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
-import difflib
 import hashlib
 import importlib.util
 import inspect
@@ -50,6 +49,7 @@ from typing import Any, Iterable, Mapping
 
 from etils import epath
 
+from albert_jax import hints
 from albert_jax import storage
 
 Trial = dict[str, Any]
@@ -188,13 +188,14 @@ def _unknown(key: str, paths: list[str]) -> str:
   """Names the closest valid keys, and the fields where `key` points."""
   parent, _, leaf = key.rpartition(".")
   split = [(p, *p.rpartition(".")[::2]) for p in paths]  # path, parent, leaf
-  close = difflib.get_close_matches(key, paths, n=3, cutoff=0.6) + [
-      p for p, _, l in split if difflib.get_close_matches(leaf, [l], 1, 0.8)]
-  close = ", ".join(list(dict.fromkeys(close))[:5])
+  # The whole path misspelt, or the right field under the wrong parent.
+  close = hints.closest(key, paths, n=3) + [
+      p for p, _, l in split if hints.closest(leaf, [l], cutoff=0.8)]
   fields = ", ".join(l for _, d, l in split if d == parent)
   return (f"Unknown config key {key!r}"
-          + (f"; did you mean {close}?" if close else ".")
-          + (f" Fields of {parent or 'config'}: {fields}." if fields else ""))
+          + hints.suggestion(list(dict.fromkeys(close))[:5])
+          + "." + (f" Fields of {parent or 'config'}: {fields}."
+                   if fields else ""))
 
 
 def validate(config_spec: str, trials: Mapping[str, Trial],

@@ -18,9 +18,10 @@ run and the CLI pass `finetune.registry.task_names()`.
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Callable, Mapping, Sequence
+
+from albert_jax import hints
 
 # What each choice field accepts.
 PRETRAINING = ("masked_lm", "causal_lm", "electra")
@@ -134,11 +135,10 @@ def _describe(key: str, value: Any, allowed: str, example: Any,
   hint = ""
   choices = list(choices) or _choices(key)
   if isinstance(value, str) and choices:
-    close = difflib.get_close_matches(value.lower(), choices, n=1,
-                                      cutoff=0.5)
+    close = hints.closest(value, choices, cutoff=0.5)
     if close:
       example = close[0]
-      hint = f" (did you mean {close[0]!r}?)"
+      hint = hints.suggestion(close)
   return (f"config.{key}={value!r} must be {allowed}{hint}, e.g. "
           f"--config.{key}={example}")
 
@@ -239,8 +239,7 @@ def _best_metric_problem(config: Mapping[str, Any]) -> str | None:
     allowed.remove("sop_accuracy")  # no sentence task, no such metric
   if name in allowed:
     return None
-  close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
-  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  hint = hints.did_you_mean(name, allowed, cutoff=0.5)
   return (f"config.best_metric={name!r} is not a metric a {kind} run "
           f"reports{hint}; choose one of {tuple(allowed)}, or '' to keep no "
           f"best checkpoint, e.g. --config.best_metric={allowed[0]}")

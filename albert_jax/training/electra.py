@@ -11,7 +11,6 @@ objective (`albert_jax.training.objectives`). The models are in
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from typing import Any, Mapping
 
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from albert_jax import hints
 from albert_jax.model import electra as electra_model
 from albert_jax.training import objectives
 
@@ -77,10 +77,8 @@ class ElectraOptions:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in values if k not in names]
     if unknown:
-      hints = [k + "".join(f" (did you mean {c}?)" for c in
-                           difflib.get_close_matches(k, names, n=1))
-               for k in unknown]
-      raise ValueError(f"Unknown config.electra keys: {', '.join(hints)}; "
+      named = [f"{k!r}{hints.did_you_mean(k, names)}" for k in unknown]
+      raise ValueError(f"Unknown config.electra keys: {', '.join(named)}; "
                        f"valid: {names}.")
     return cls(**values)
 

@@ -21,7 +21,6 @@ run trains, its parameters, its batches and its FLOPs.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -29,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from albert_jax import hints
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking as masking_lib
 from albert_jax.data import pipeline
@@ -49,10 +49,9 @@ def kind(config) -> str:
   name = config.get("pretraining", DEFAULT) if hasattr(config, "get") else (
       DEFAULT)
   if name not in KINDS:
-    close = difflib.get_close_matches(str(name), KINDS, n=1)
     raise ValueError(
         f"config.pretraining={name!r} is not an objective; choose one of "
-        f"{KINDS}" + (f" (did you mean {close[0]!r}?)" if close else "") + ".")
+        f"{KINDS}{hints.did_you_mean(name, KINDS)}.")
   return name
 
 

@@ -183,14 +183,15 @@ def test_unknown_keys_fail_early_with_suggestions(env, capsys):
                    f"--main_module={env['fake']}"])
   err = capsys.readouterr().err
   assert rc == 2
-  assert ("Unknown config key 'optimizer.learning_rat'; did you mean "
-          "optimizer.learning_rate, ") in err
+  assert ("Unknown config key 'optimizer.learning_rat' (did you mean "
+          "'optimizer.learning_rate', ") in err
   assert ("Fields of optimizer: b1, b2, bias_correction, clip_norm, "
           "end_learning_rate, eps, layerwise_lr_decay, learning_rate, "
           "name, ") in err
-  assert ("Unknown config key 'learning_rate'; did you mean "
-          "optimizer.learning_rate, ") in err
-  assert "Unknown config key 'model.shar'; did you mean model.share, " in err
+  assert ("Unknown config key 'learning_rate' (did you mean "
+          "'optimizer.learning_rate' or ") in err
+  assert ("Unknown config key 'model.shar' (did you mean 'model.share', "
+          in err)
   assert err.count("optimizer.learning_rat'") == 1  # once, not per trial
   assert not env["root"].exists() and not _calls(env["root"])
 
@@ -209,7 +210,7 @@ def test_values_of_the_wrong_type_and_extra_keys_fail_early(env, capsys):
       """)
   assert sweep.main([path, f"--workdir_root={env['root']}", "--",
                      "--config.batchsize=8"]) == 2
-  assert ("Unknown config key 'batchsize'; did you mean batch_size"
+  assert ("Unknown config key 'batchsize' (did you mean 'batch_size'?)."
           in capsys.readouterr().err)
   assert not env["root"].exists()
 

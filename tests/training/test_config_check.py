@@ -120,8 +120,8 @@ def test_cli_bad_values_and_flags_are_one_line(tmp_path):
        "--num_fake_devices=8"),
       (["--config.finetune_steps=0"],
        "error: Unknown config key 'finetune_steps': config has no field "
-       "'finetune_steps'. Did you mean checkpoint_every_steps, "
-       "num_train_steps, log_every_steps? Valid fields there: "
+       "'finetune_steps' (did you mean 'checkpoint_every_steps', "
+       "'num_train_steps' or 'log_every_steps'?). Valid fields there: "
        "accumulation_steps, async_checkpoints, batch_size, best_metric, "
        "checkpoint_every_steps, data, eval_batches, eval_every_steps, "
        "fast_compile, goodput, keep_checkpoints, log_every_steps, masking, "

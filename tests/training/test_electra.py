@@ -155,7 +155,7 @@ def test_options_are_checked():
   del config["electra"]
   with pytest.raises(ValueError, match="needs a config.electra section"):
     run_spec.run_spec(config)
-  with pytest.raises(ValueError, match="did you mean temperature"):
+  with pytest.raises(ValueError, match="did you mean 'temperature'"):
     electra_lib.ElectraOptions.from_config({"electra": {"temprature": 2.0}})
   with pytest.raises(ValueError, match="temperature must be a finite"):
     electra_lib.ElectraOptions(temperature=0.0)
