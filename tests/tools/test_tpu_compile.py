@@ -220,12 +220,20 @@ def test_other_steps_compile(objective):
         "glue/mrpc", learning_rate=1e-5, batch_size=8, num_train_steps=10,
         warmup_steps=1, max_seq_length=128, dropout=0.0)
     config.model = config_lib.tiny_model(**MODEL)
+    # Packed rows (segment ids 1..4 in the mask): the fine-tuning step the
+    # kernels must take several examples a row in.
+    config.data.pack = 4
     kernels_per_step = 1
   config.batch_size = 8
   result = compile_only.analyse(config, topology=SLICE)
   assert result["target"] == {"finetune": "finetune glue/mrpc"}.get(
       objective, objective)
   assert result["mosaic_kernels"] == {k: kernels_per_step for k in FLASH}
+  if objective == "finetune":
+    # A chip's 2 packed rows of 128: ids, types, segments and positions
+    # [2, 128] int32, then [2, 4] slots (each [CLS]'s position, weight,
+    # example index, label) and the rows' weights [2].
+    assert result["batch"] == 4 * 2 * 128 * 4 + 4 * 2 * 4 * 4 + 2 * 4
 
 
 # ALBERT-base shares its layers: two of them hold the same parameters as
