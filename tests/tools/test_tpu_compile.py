@@ -234,6 +234,13 @@ def test_other_steps_compile(objective):
     # [2, 128] int32, then [2, 4] slots (each [CLS]'s position, weight,
     # example index, label) and the rows' weights [2].
     assert result["batch"] == 4 * 2 * 128 * 4 + 4 * 2 * 4 * 4 + 2 * 4
+    # The report says its 8 rows bound what a packed run takes.
+    from albert_jax.tools import compile_report  # pylint: disable=g-import-not-at-top
+    assert ("  batch: 8 global, 2 per data-parallel shard, 1 micro-batch of "
+            "2; seq 128; optimizer adamw; packed, up to 4 examples a row: a "
+            "run takes the rows that hold batch_size examples (fewer), so "
+            "this compile of batch_size rows is an upper bound\n"
+            ) in compile_report.format_report(config, result)
 
 
 # ALBERT-base shares its layers: two of them hold the same parameters as
