@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -169,10 +170,18 @@ def hide_failed_write_reports() -> None:
       tb = tb.tb_next
     return False
 
+  def in_a_checkpoint_write(record: logging.LogRecord) -> bool:
+    # tensorstore's failed writes reach asyncio as futures nobody retrieved,
+    # their exceptions raised in C++ (no traceback through orbax), naming
+    # the checkpoint's temporary directory.
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is not None and ".orbax-checkpoint-tmp" in str(exc)
+
   class _OrbaxFailures(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
-      return record.levelno < logging.ERROR or not through_orbax(record)
+      return record.levelno < logging.ERROR or not (
+          through_orbax(record) or in_a_checkpoint_write(record))
 
   # orbax logs through absl (Python logger "absl"); asyncio's "Task
   # exception was never retrieved" through "asyncio".
@@ -180,6 +189,11 @@ def hide_failed_write_reports() -> None:
     logger = logging.getLogger(name)
     if not any(isinstance(f, _OrbaxFailures) for f in logger.filters):
       logger.addFilter(_OrbaxFailures())
+
+  # Garbage-collected at exit, orbax's abandoned write coroutines warn too.
+  warnings.filterwarnings(
+      "ignore", message=r"coroutine 'async_serialize\S*' was never awaited",
+      category=RuntimeWarning)
 
   previous = sys.unraisablehook
 

@@ -93,7 +93,9 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(
   text = out.stdout + out.stderr
   assert "Traceback" not in text and "Event loop is closed" not in text, (
       text[-4000:])
-  [line] = _errors(out)
+  errors = _errors(out)
+  assert len(errors) == 1, "\n".join(e[:300] for e in errors[:8])
+  line = errors[0]
   assert line.startswith(
       f"error: Writing checkpoint step 4 to {workdir}/checkpoints failed "
       f"(File too large, writing {workdir}/checkpoints/4.orbax-checkpoint-"
