@@ -30,7 +30,36 @@ from albert_jax import sharding as sharding_lib
 from albert_jax.finetune import packing
 
 
-class ArrayBatches:
+def _num_rows(features: dict[str, np.ndarray]) -> int:
+  """N, the rows every feature array has; refuses arrays of different
+  lengths and an empty split."""
+  sizes = {k: v.shape[0] for k, v in features.items()}
+  if len(set(sizes.values())) != 1:
+    raise ValueError(f"Feature arrays differ in length: {sizes}.")
+  n = next(iter(sizes.values()))
+  if n == 0:
+    raise ValueError("The split has no rows to batch; check the data "
+                     "files / TFDS split it was read from.")
+  return n
+
+
+def _local_rows(sharding, batch_size: int):
+  """This process's rows of a global batch of `batch_size`."""
+  return (slice(0, batch_size) if sharding is None else
+          sharding_lib.process_batch_rows(sharding, batch_size))
+
+
+class _Steps:
+  """`iterate` over a subclass's `train_batch(step)`."""
+
+  def iterate(self, start_step: int, num_steps: int
+              ) -> Iterator[tuple[int, Any]]:
+    """(step, batch) for steps start_step … start_step+num_steps−1."""
+    for step in range(start_step, start_step + num_steps):
+      yield step, self.train_batch(step)
+
+
+class ArrayBatches(_Steps):
   """Batches over `features` (name → [N, ...] arrays).
 
   Args:
@@ -43,19 +72,12 @@ class ArrayBatches:
 
   def __init__(self, features: dict[str, np.ndarray], batch_size: int, *,
                sharding: jax.sharding.Sharding | None = None, seed: int = 0):
-    sizes = {k: v.shape[0] for k, v in features.items()}
-    if len(set(sizes.values())) != 1:
-      raise ValueError(f"Feature arrays differ in length: {sizes}.")
-    self.num_rows = next(iter(sizes.values()))
-    if self.num_rows == 0:
-      raise ValueError("The split has no rows to batch; check the data "
-                       "files / TFDS split it was read from.")
+    self.num_rows = _num_rows(features)
     self.features = features
     self.batch_size = batch_size
     self.sharding = sharding
     self.seed = seed
-    self._rows = (slice(0, batch_size) if sharding is None else
-                  sharding_lib.process_batch_rows(sharding, batch_size))
+    self._rows = _local_rows(sharding, batch_size)
 
   @functools.lru_cache(maxsize=4)
   def _order(self, epoch: int) -> np.ndarray:
@@ -80,11 +102,6 @@ class ArrayBatches:
   def train_batch(self, step: int) -> Any:
     return self._take(self.train_rows(step), np.ones(self.batch_size))
 
-  def iterate(self, start_step: int, num_steps: int
-              ) -> Iterator[tuple[int, Any]]:
-    """(step, batch) for steps start_step … start_step+num_steps−1."""
-    for step in range(start_step, start_step + num_steps):
-      yield step, self.train_batch(step)
 
   @property
   def num_eval_batches(self) -> int:
@@ -107,7 +124,7 @@ def _place(local: dict[str, np.ndarray], sharding, batch_size: int) -> Any:
       sharding, v, (batch_size,) + v.shape[1:]) for k, v in local.items()}
 
 
-class PackedBatches:
+class PackedBatches(_Steps):
   """Training batches of packed rows, a pure function of (seed, step).
 
   Epoch e packs the examples in the order of permutation (seed, e)
@@ -129,10 +146,7 @@ class PackedBatches:
   def __init__(self, features: dict[str, np.ndarray], per_row: int,
                batch_size: int, *, sharding=None, seed: int = 0,
                multiple: int = 1):
-    self.num_examples = len(features["input_ids"])
-    if self.num_examples == 0:
-      raise ValueError("The split has no rows to batch; check the data "
-                       "files / TFDS split it was read from.")
+    self.num_examples = _num_rows(features)
     self.features = features
     self.per_row = per_row
     self.seed = seed
@@ -142,8 +156,7 @@ class PackedBatches:
     self.rows_per_epoch = len(first["input_ids"])
     self.batch_size = packing.rows_per_step(  # rows a step takes
         batch_size, self.num_examples, self.rows_per_epoch, multiple)
-    self._local = (slice(0, self.batch_size) if sharding is None else
-                   sharding_lib.process_batch_rows(sharding, self.batch_size))
+    self._local = _local_rows(sharding, self.batch_size)
 
   @functools.lru_cache(maxsize=2)
   def _epoch(self, epoch: int) -> dict[str, np.ndarray]:
@@ -189,8 +202,3 @@ class PackedBatches:
     local["weights"] = np.ones(len(local["input_ids"]), np.float32)
     return _place(local, self.sharding, self.batch_size)
 
-  def iterate(self, start_step: int, num_steps: int
-              ) -> Iterator[tuple[int, Any]]:
-    """(step, batch) for steps start_step … start_step+num_steps−1."""
-    for step in range(start_step, start_step + num_steps):
-      yield step, self.train_batch(step)
