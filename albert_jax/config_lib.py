@@ -346,11 +346,14 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   c.model = model_overrides(hidden_dropout_prob=dropout,
                             attention_probs_dropout_prob=dropout)
   c.seed = 0
-  # pack=K >= 2 puts up to K examples in each row (classification and
-  # regression; albert_jax/finetune/packing.py); 0: one example a row.
+  # Examples a row (albert_jax/finetune/packing.py). Unset: up to 8 where
+  # rows can hold several (classification and regression of an encoder,
+  # without lm_aux_weight), one elsewhere; K >= 2: up to K (refused where
+  # rows cannot pack); 0: one example a row.
   c.data = ml_collections.ConfigDict(dict(
       task=task, max_seq_length=max_seq_length, tokenizer="",
-      tfds_data_dir=ml_collections.config_dict.placeholder(str), pack=0))
+      tfds_data_dir=ml_collections.config_dict.placeholder(str),
+      pack=ml_collections.config_dict.placeholder(int)))
   _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
               warmup_steps)
   c.eval_batch_size = 0  # 0: batch_size

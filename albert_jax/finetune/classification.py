@@ -220,6 +220,7 @@ class SingleLabelType(task_type_lib.TaskType):
     self.labelled = not regression
     self.problem_type = ("regression" if regression
                          else "single_label_classification")
+    self.packable = True  # one [CLS] → one output per input
 
   def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
     return ClassifierHead(cfg,

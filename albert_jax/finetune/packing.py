@@ -3,10 +3,11 @@
 A fine-tuning row padded to `max_seq_length` is mostly padding when the
 texts are short (the bundled corpus-source task: about 30 of 128 positions
 are text). `pack` puts up to K right-padded examples side by side in one
-row, each keeping its own [CLS], positions (restarting at 0), token types
-and segment id (1..K in "attention_mask": a token attends only to its own
-example, `albert_jax.ops.attention`); "cls_positions" [K] tells the model
-where each example's [CLS] is, so the pooler and the head give one output
+row, each keeping its own [CLS], token types and segment id (1..K in
+"attention_mask": a token attends only to its own example,
+`albert_jax.ops.attention`; the model counts each example's positions from
+its own start, as its positions alone, `encoder.segment_position_ids`);
+"cls_positions" [K] tells the model where each example's [CLS] is, so the pooler and the head give one output
 per example ([R, K, ...]). Per-example features (labels) become [R, K]
 slots; "slot_weights" [R, K] is 1 for a filled slot and "slot_index"
 [R, K] names the example a slot holds (-1: empty), which `unpack` uses to
@@ -33,24 +34,41 @@ import numpy as np
 # Input features: [T] per example, concatenated into rows.
 TOKEN_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 # What packing adds to a row.
-POSITIONS, CLS, SLOT_WEIGHTS, SLOT_INDEX = (
-    "position_ids", "cls_positions", "slot_weights", "slot_index")
+CLS, SLOT_WEIGHTS, SLOT_INDEX = ("cls_positions", "slot_weights",
+                                 "slot_index")
 # Rows still considered for an example (first-fit over a window).
 OPEN_ROWS = 64
 MAX_PER_ROW = 255
+# K where `config.data.pack` is unset and the task packs: room for short
+# texts (the bundled task's rows hold about 4 at seq 128; GLUE's
+# single-sentence tasks more at 512) at a [K]-slot head that costs nothing.
+DEFAULT_PER_ROW = 8
 
 
-def check_pack(pack: Any) -> int:
-  """`config.data.pack` as K (0: one example per row).
+def check_pack(pack: Any) -> int | None:
+  """`config.data.pack` as K (0: one example per row; None: unset, i.e.
+  `DEFAULT_PER_ROW` where the task packs, `resolve`).
 
   Raises:
-    ValueError: not 0 or a whole number in [2, MAX_PER_ROW].
+    ValueError: not None, 0 or a whole number in [2, MAX_PER_ROW].
   """
+  if pack is None:
+    return None
   if isinstance(pack, bool) or not isinstance(pack, int) or not (
       pack == 0 or 2 <= pack <= MAX_PER_ROW):
     raise ValueError(
         f"config.data.pack={pack!r} must be 0 (one example per row) or K in "
         f"[2, {MAX_PER_ROW}] examples per row, e.g. --config.data.pack=8.")
+  return pack
+
+
+def resolve(pack: int | None, packable: bool) -> int:
+  """K for a model whose rows can (`packable`) or cannot hold several
+  examples: `pack` as given, or unset (None) `DEFAULT_PER_ROW` where rows
+  pack and 0 where they do not. An explicit K where rows cannot pack is
+  the caller's to refuse."""
+  if pack is None:
+    return DEFAULT_PER_ROW if packable else 0
   return pack
 
 
@@ -68,7 +86,6 @@ def packed_features(features: dict[str, tuple[tuple[int, ...], Any]],
   for name, (shape, dtype) in features.items():
     out[name] = (shape, dtype) if name in TOKEN_KEYS else (
         (per_row,) + tuple(shape), dtype)
-  out[POSITIONS] = ((t,), np.int32)
   out[CLS] = ((per_row,), np.int32)
   out[SLOT_WEIGHTS] = ((per_row,), np.float32)
   out[SLOT_INDEX] = ((per_row,), np.int32)
@@ -105,7 +122,7 @@ def pack(features: dict[str, np.ndarray], per_row: int
 
   Returns:
     TOKEN_KEYS [R, T] ("attention_mask" the slot's segment id 1..K, 0 on
-    padding), POSITIONS [R, T], CLS / SLOT_WEIGHTS / SLOT_INDEX [R, K], and
+    padding), CLS / SLOT_WEIGHTS / SLOT_INDEX [R, K], and
     every per-example feature [R, K, ...] (zeros in empty slots).
   """
   mask = np.asarray(features["attention_mask"])
@@ -117,7 +134,6 @@ def pack(features: dict[str, np.ndarray], per_row: int
   # Padding keeps the tokenizer's pad id (whatever it is, segment 0 hides it).
   padding = np.asarray(features["input_ids"])[mask == 0]
   out["input_ids"][:] = padding[0] if padding.size else 0
-  out[POSITIONS] = np.zeros((r, t), np.int32)
   out[CLS] = np.zeros((r, per_row), np.int32)
   out[SLOT_WEIGHTS] = np.zeros((r, per_row), np.float32)
   out[SLOT_INDEX] = np.full((r, per_row), -1, np.int32)
@@ -131,7 +147,6 @@ def pack(features: dict[str, np.ndarray], per_row: int
       out["input_ids"][row, at:at + m] = features["input_ids"][i, :m]
       out["token_type_ids"][row, at:at + m] = features["token_type_ids"][i, :m]
       out["attention_mask"][row, at:at + m] = slot + 1
-      out[POSITIONS][row, at:at + m] = np.arange(m)
       out[CLS][row, slot] = at
       out[SLOT_WEIGHTS][row, slot] = 1.0
       out[SLOT_INDEX][row, slot] = i

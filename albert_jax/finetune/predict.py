@@ -51,6 +51,7 @@ import numpy as np
 from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax.finetune import batching
+from albert_jax.finetune import packing
 from albert_jax.finetune import registry
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune.task import INPUT_KEYS
@@ -142,13 +143,16 @@ def best_step(path: str) -> int:
   return best
 
 
-def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
+def load(path: str, step: int | str | None = None, *,
+         pack: int | None = None, **overrides) -> FineTuned:
   """A fine-tuning workdir's model, head and tokenizer.
 
   Args:
     path: the workdir, local or gs://.
     step: None (the newest checkpoint), "best" (the run's best by its
       metric) or a step number.
+    pack: inputs a row holds (`FineTuned.pack`; None: packed where the
+      task type packs).
     **overrides: ModelConfig fields to change (dtype="bfloat16",
       attention_impl="xla"); shape-defining ones must match the weights.
 
@@ -213,7 +217,7 @@ def load(path: str, step: int | str | None = None, **overrides) -> FineTuned:
                    labels=info.get("labels"), model_config=cfg,
                    params=params, tokenizer=tokenizer, settings=info,
                    step=restored, path=path, mesh_axes=mesh_axes,
-                   sharding_rules=sharding_rules)
+                   sharding_rules=sharding_rules, pack=pack)
 
 
 def _recorded_sharding(root) -> tuple[Any, Any]:
@@ -270,6 +274,32 @@ def _unbox(tree):
 ################################################################################
 
 
+def inputs_per_row(task_type: str, cfg: ModelConfig, pack: int | None
+                   ) -> int:
+  """How many inputs a prediction row of a `task_type` model on encoder
+  `cfg` holds: `pack` checked, and unset (None) `packing.DEFAULT_PER_ROW`
+  where its rows can hold several (the type packs, the encoder is not
+  causal) and one elsewhere. 0: one.
+
+  Raises:
+    PredictError: not None, 0 or K in [2, packing.MAX_PER_ROW], or K for
+      a model whose rows cannot hold several inputs.
+  """
+  packable = registry.task_type(task_type).packable and not cfg.causal
+  try:
+    pack = packing.resolve(packing.check_pack(pack), packable)
+  except ValueError:
+    raise PredictError(
+        f"pack={pack!r} must be 0 (one input a row) or K in [2, "
+        f"{packing.MAX_PER_ROW}] inputs a row.") from None
+  if pack and not packable:
+    raise PredictError(
+        f"pack={pack}: a {task_type} model"
+        + (" on a causal encoder" if cfg.causal else "")
+        + " reads one input a row; predict with pack=0.")
+  return pack
+
+
 @dataclasses.dataclass
 class FineTuned:
   """A fine-tuned model: encoder, task head, tokenizer and what the task is.
@@ -291,9 +321,15 @@ class FineTuned:
       None: `sharding.DEFAULT_MESH`. See `prediction_mesh`.
     sharding_rules: the logical axis rules (`config.sharding_rules`);
       None: `sharding.DEFAULT_RULES`.
+    pack: inputs a row holds (`albert_jax.finetune.packing`): None for
+      `packing.DEFAULT_PER_ROW` where the task type packs (classification
+      and regression on an encoder) and one elsewhere; 0 for one; K >= 2
+      for up to K. Each input's outputs are its outputs alone (within
+      float rounding), in input order.
 
   After construction `mesh` is the `jax.sharding.Mesh` predictions run on
-  (None on one device, where nothing is sharded) and `rules` its rules.
+  (None on one device, where nothing is sharded), `rules` its rules and
+  `pack` the inputs a row holds (0: one).
   """
   task: str
   task_type: str
@@ -306,8 +342,10 @@ class FineTuned:
   path: str | None = None
   mesh_axes: Any = None
   sharding_rules: Any = None
+  pack: int | None = None
 
   def __post_init__(self):
+    self.pack = inputs_per_row(self.task_type, self.model_config, self.pack)
     self.params = _unbox(self.params)
     self.labels = None if self.labels is None else tuple(self.labels)
     spec = spec_from_record(self.settings, self.model_config)
@@ -352,12 +390,13 @@ class FineTuned:
     Args:
       features: INPUT_KEYS [N, T] ([N, C, T] for multiple choice) and, for
         question answering, "p_mask" [N, T].
-      batch_size: rows per forward pass (the last batch is padded); with
-        several devices, rounded up to a multiple of the data axes' size.
+      batch_size: rows per forward pass (the last batch is padded; a
+        packed row holds up to `pack` inputs); with several devices,
+        rounded up to a multiple of the data axes' size.
 
     Returns:
-      The head's outputs as NumPy arrays with leading dim N (e.g. "logits"
-      [N, L]; "start_logits" and "end_logits" [N, T]).
+      The head's outputs as NumPy arrays with leading dim N, in input order
+      (e.g. "logits" [N, L]; "start_logits" and "end_logits" [N, T]).
     """
     keys = INPUT_KEYS + (("p_mask",) if "p_mask" in features else ())
     inputs = {k: features[k] for k in keys}
@@ -369,9 +408,13 @@ class FineTuned:
     n = int(inputs["input_ids"].shape[0])
     if n == 0:
       raise PredictError("Nothing to predict: no inputs were given.")
+    if self.pack:  # inputs side by side, each with its own [CLS]
+      inputs = packing.pack(inputs, self.pack)
+      slots = inputs.pop(packing.SLOT_INDEX)
     # Fewer rows than a batch: the next power of two, so a handful of
     # inputs neither pads to a full batch nor compiles for every count.
-    rows = min(int(batch_size), 1 << (n - 1).bit_length())
+    rows = min(int(batch_size),
+               1 << (len(inputs["input_ids"]) - 1).bit_length())
     if self.mesh is not None:
       # Each data-parallel device takes an equal share of every batch.
       dp = sharding_lib.data_parallel_size(self.mesh)
@@ -384,7 +427,10 @@ class FineTuned:
         batch.pop("weights")
         parts.append(jax.device_get(self._apply(self.params, batch)))
     # Padding rows (copies of row 0) are dropped.
-    return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+    out = {k: np.concatenate([p[k] for p in parts])[:batches.num_rows]
+           for k in parts[0]}
+    # A packed row's outputs are [K, ...], one per slot: back to inputs.
+    return packing.unpack(out, slots, n) if self.pack else out
 
   def to_hf(self, path: str, model_type: str | None = None) -> None:
     """Writes a transformers task checkpoint (`{Family}For{Task}`, e.g.

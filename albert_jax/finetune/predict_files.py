@@ -145,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--batch_size", type=int, default=32,
                       help="rows per forward pass; with several devices, "
                       "rounded up to a multiple of the data axes' size")
+  parser.add_argument("--pack", type=int, default=None,
+                      help="inputs a row holds, each read alone: 0 for one; "
+                      "default up to 8 where the model's rows can hold "
+                      "several (classification and regression)")
   parser.add_argument("--no_progress", action="store_true")
   parser.add_argument("--num_fake_devices", type=int, default=0,
                       help="use N CPU devices (set before JAX starts, by "
@@ -169,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"--step={step!r}: give 'best' or a step number.")
   try:
     check_request(args.input, args.output, args.batch_size)
-    model = predict_lib.load(args.model, step)
+    model = predict_lib.load(args.model, step, pack=args.pack)
     count = predict_file(
         model, args.input, args.output,
         columns=args.columns.split(",") if args.columns else None,

@@ -98,7 +98,7 @@ class _Setup:
   train_split: Split
   eval_splits: list[Split]
   spec: spec_lib.FineTuneSpec  # the model trained, built once
-  pack: int = 0  # examples per row (`config.data.pack`; 0: one)
+  pack: int = 0  # examples per row (`spec.pack_for`; 0: one)
 
   @property
   def best_key(self) -> str:
@@ -207,8 +207,10 @@ def _setup(config) -> _Setup:
   model_config, encoder, tokenizer = start_lib.encoder_start(config)
   lm_weight = start_lib.lm_aux_weight(config, model_config)
   seq_len = config.data.max_seq_length
-  pack = packing.check_pack(config.data.get("pack", 0))
-  spec_lib.check_pack(task, pack, lm_weight > 0)  # before reading the data
+  # Before reading the data. A config recorded before `pack` existed ran
+  # one example a row, and a resumed run keeps doing so.
+  pack = spec_lib.pack_for(task, config.data.get("pack", 0), lm_weight > 0,
+                           model_config.causal)
   train_split = task.load(task.train_split, tokenizer, seq_len)
   eval_splits = [task.load(s, tokenizer, seq_len) for s in task.eval_splits]
   log.info("%s: %d training rows; eval %s.", task.name, train_split.num_rows,

@@ -114,15 +114,22 @@ class FineTuneSpec:
     return ("lm",) if self.lm_head else ()
 
 
-def check_pack(task: Task, pack: int, lm_head: bool) -> None:
-  """Refuses `pack` > 0 where rows cannot hold several examples.
+def pack_for(task: Task, pack: int | None, lm_head: bool,
+             causal: bool = False) -> int:
+  """K, the examples a row of `task` holds: `config.data.pack` as given
+  (`packing.check_pack`), or unset (None) `packing.DEFAULT_PER_ROW` where
+  the rows can pack and 0 where they cannot.
 
   Raises:
-    ValueError: a task whose rows are not single examples read through one
-      [CLS], or the next-token head (its targets would cross examples).
+    ValueError: an explicit K > 0 for a task whose rows are not single
+      examples read through one [CLS], with the next-token head (its targets
+      would cross examples), or on a causal model (its summary token is an
+      example's last, which packed rows do not point at).
   """
+  pack = packing.resolve(packing.check_pack(pack),
+                         task.packable and not lm_head and not causal)
   if not pack:
-    return
+    return 0
   if not task.packable:
     raise ValueError(
         f"config.data.pack={pack}: task {task.name!r} does not pack (only "
@@ -133,6 +140,12 @@ def check_pack(task: Task, pack: int, lm_head: bool) -> None:
         f"config.data.pack={pack} with config.lm_aux_weight > 0: the "
         "next-token loss would predict across packed examples; set one of "
         "them to 0.")
+  if causal:
+    raise ValueError(
+        f"config.data.pack={pack} on a causal model: its classifier reads "
+        "each example's last token, and packed rows point at their first; "
+        "set --config.data.pack=0.")
+  return pack
 
 
 def for_task(task: Task, model_config: ModelConfig, max_seq_length: int,
@@ -146,7 +159,8 @@ def for_task(task: Task, model_config: ModelConfig, max_seq_length: int,
   """
   features = task.batch_features(max_seq_length)
   if pack:
-    check_pack(task, pack, lm_head)
+    # Refuses rows that cannot pack.
+    pack_for(task, pack, lm_head, model_config.causal)
     features = packing.packed_features(features, pack)
   return FineTuneSpec(model_config, task.head(model_config), lm_head,
                       features)

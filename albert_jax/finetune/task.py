@@ -37,6 +37,7 @@ import numpy as np
 
 from albert_jax.finetune import packing
 from albert_jax.model import albert as albert_lib
+from albert_jax.model import encoder as encoder_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
 
@@ -168,16 +169,20 @@ class FineTuneModel(nn.Module):
   @nn.compact
   def __call__(self, batch: dict, deterministic: bool = True) -> dict:
     """batch: INPUT_KEYS [N, T] or [N, C, T] (+ labels; a packed batch also
-    "position_ids" [N, T] and "cls_positions" [N, K]) → head outputs, plus
+    "cls_positions" [N, K]) → head outputs, plus
     with `lm_head` "lm_logits" [N(, C), T, V] (position t scoring token
     t + 1)."""
     ids = batch["input_ids"]
     lead, length = ids.shape[:-1], ids.shape[-1]
     flat = {k: batch[k].reshape((-1, length)) for k in INPUT_KEYS}
-    # A packed row (`finetune.packing`): its examples' own positions and
-    # [CLS]es; the pooled output is then [N, K, H], one per example.
-    packed = {k: batch[k] for k in (packing.POSITIONS, packing.CLS)
-              if k in batch}
+    # A packed row (`finetune.packing`): its examples' [CLS]es, and their
+    # positions counted from each one's start in the model's own way
+    # (RoBERTa's from pad_token_id + 1), as each alone in a row. The pooled
+    # output is then [N, K, H], one per example.
+    packed = {} if packing.CLS not in batch else {
+        "cls_positions": batch[packing.CLS],
+        "position_ids": encoder_lib.segment_position_ids(
+            self.config, flat["attention_mask"])}
     encoded = albert_lib.Albert(self.config, pooler=True,
                             heads=("lm",) if self.lm_head else (),
                             name="albert")(

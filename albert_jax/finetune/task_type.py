@@ -51,6 +51,8 @@ class TaskType(abc.ABC):
       unset.
     head_layer, hf_head: the head's linear layer in our parameters and in
       transformers' class (`head_to_hf`, `head_from_hf`).
+    packable: a row can hold several inputs, each read through its own
+      [CLS] (`albert_jax.finetune.packing`), and prediction packs them.
   """
   name: str
   # The head's one linear layer: our name, and transformers'.
@@ -59,6 +61,7 @@ class TaskType(abc.ABC):
   labelled: bool = False
   pooled: bool = True
   problem_type: str | None = None
+  packable: bool = False
 
   def task_info_problem(self, info: dict) -> str | None:
     """What is wrong with this type's own fields of `info` (its common

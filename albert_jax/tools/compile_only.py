@@ -300,6 +300,7 @@ def analyse(config, *, fast: bool = True,
   result["memory_source"] = compile_report.MEMORY_SOURCES.get(
       device.platform, compile_report.CPU_ESTIMATE)
   result["target"] = built.target.name
+  result["examples_per_row"] = built.target.examples_per_row
   result["model"] = built.target.model_config.to_dict()
   result["flops_analytic"] = built.target.flops_per_step / built.mesh.size
   result["flops_analytic_attention"] = (

@@ -93,11 +93,11 @@ def _program_lines(result: dict[str, Any]) -> list[str]:
   return lines
 
 
-def _packed_rows(config, result: dict[str, Any]) -> str:
+def _packed_rows(result: dict[str, Any]) -> str:
   """For a packed fine-tune, what the batch line's rows mean: the run takes
   the rows that hold batch_size examples, fewer than batch_size."""
-  pack = config.data.get("pack", 0)
-  if not pack or not str(result["target"]).startswith("finetune"):
+  pack = result.get("examples_per_row", 0)
+  if not pack:
     return ""
   return (f"; packed, up to {pack} examples a row: a run takes the rows that "
           "hold batch_size examples (fewer), so this compile of batch_size "
@@ -136,7 +136,7 @@ def format_report(config, result: dict[str, Any],
       f"  batch: {config.batch_size} global, {per_device} per data-parallel "
       f"shard, {acc} micro-batch{'es' if acc > 1 else ''} of "
       f"{per_device // acc}; seq {config.data.max_seq_length}; optimizer "
-      f"{config.optimizer.name}" + _packed_rows(config, result),
+      f"{config.optimizer.name}" + _packed_rows(result),
       f"Per {unit_name} ({unit}), "
       f"{('the ' + source) if accelerator else 'XLA:CPU'}'s memory "
       "analysis:",

@@ -47,6 +47,7 @@ class Target:
     attention_flops_per_step: the part of it in attention's two T × T
       matmuls (QKᵀ and PV).
     bf16_as_float16: bfloat16 was compiled as float16 (CPU).
+    examples_per_row: a fine-tune's K examples packed a row (0: one).
   """
   name: str
   model_config: ModelConfig
@@ -56,6 +57,7 @@ class Target:
   flops_per_step: int
   attention_flops_per_step: int
   bf16_as_float16: bool
+  examples_per_row: int = 0
 
 
 def stand_in(cfg: ModelConfig, platform: str,
@@ -107,7 +109,6 @@ def finetune_model_config(config) -> ModelConfig:
 
 def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The fine-tuning step of `config.data.task` on the starting model."""
-  from albert_jax.finetune import packing  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import start as finetune_start  # pylint: disable=g-import-not-at-top
@@ -116,11 +117,13 @@ def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
                           stand_in_16bit)
   task = registry.make_task(config.data.task, config.data)
   lm_weight = finetune_start.lm_aux_weight(config, cfg)
-  spec = spec_lib.for_task(
-      task, cfg, config.data.max_seq_length, lm_head=lm_weight > 0,
-      pack=packing.check_pack(config.data.get("pack", 0)))
+  pack = spec_lib.pack_for(task, config.data.get("pack", 0), lm_weight > 0,
+                           cfg.causal)
+  spec = spec_lib.for_task(task, cfg, config.data.max_seq_length,
+                           lm_head=lm_weight > 0, pack=pack)
   return Target(f"finetune {task.name}", cfg, spec.init_params,
                 TaskObjective(spec.model, task, lm_weight),
                 spec.batch_schema(config.batch_size),
                 spec.flops_per_step(config.batch_size),
-                spec.attention_flops_per_step(config.batch_size), changed)
+                spec.attention_flops_per_step(config.batch_size), changed,
+                examples_per_row=pack)

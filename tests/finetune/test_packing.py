@@ -1,7 +1,7 @@
 """finetune/packing.py: several examples in a row, exactly as one per row.
 
   * `pack` by hand on a small case, and as properties (hypothesis): every
-    example exactly once, its tokens, type ids and positions intact, no row
+    example exactly once, its tokens and type ids intact, no row
     over T or K, segments 1..k, `unpack` back to the examples' order;
   * exactness: each example's logits in a packed row equal its logits alone
     in a row (float32, XLA attention, within 1e-5), and the loss and
@@ -15,6 +15,7 @@
     step) (`PackedBatches`).
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -32,10 +33,13 @@ from albert_jax import config_lib
 from albert_jax.finetune import batching
 from albert_jax.finetune import classification
 from albert_jax.finetune import packing
+from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune import predict_files
 from albert_jax.finetune import registry
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune.task import TaskObjective
+from albert_jax.finetune.task_type import PredictError
 from albert_jax.model.config import ModelConfig
 from locations import CONFIGS
 
@@ -69,8 +73,6 @@ def test_pack_by_hand():
                                 [[0, 5, 0], [0, 3, 0], [0, 0, 0]])
   np.testing.assert_array_equal(p["attention_mask"][0],
                                 [1] * 5 + [2] * 9 + [0] * 2)
-  np.testing.assert_array_equal(p["position_ids"][1],
-                                list(range(3)) + list(range(7)) + [0] * 6)
   np.testing.assert_array_equal(p["input_ids"][0, 5:14],
                                 ex["input_ids"][1, :9])
   np.testing.assert_array_equal(p["token_type_ids"][1, 3:10],
@@ -102,8 +104,6 @@ def test_pack_properties(lengths, per_row):
                                     ex["input_ids"][i, :m])
       np.testing.assert_array_equal(p["attention_mask"][r, at:at + m],
                                     slot + 1)
-      np.testing.assert_array_equal(p["position_ids"][r, at:at + m],
-                                    np.arange(m))
     assert np.count_nonzero(p["attention_mask"][r]) == sum(
         lengths[i] for i in members)
   # Predictions of the slots back in the examples' order.
@@ -242,27 +242,62 @@ def test_refusals(setup, tmp_path):
   ner = registry.make_task("ner/files", ml_collections.ConfigDict(dict(
       train_file=str(tmp_path / "n.txt"), eval_file=str(tmp_path / "n.txt"))))
   with pytest.raises(ValueError, match=r"task 'ner/files' does not pack"):
-    spec_lib.check_pack(ner, 4, False)
-  for bad in (1, -2, 256, 2.5, True):
+    spec_lib.pack_for(ner, 4, False)
+  with pytest.raises(ValueError, match=r"^config\.data\.pack=4 on a causal "
+                     r"model: its classifier reads each example's last"):
+    spec_lib.pack_for(task, 4, False, causal=True)
+  for bad in (1, -2, 256, 2.5, True, "8"):
     with pytest.raises(ValueError, match=r"must be 0 \(one example per row\)"):
       packing.check_pack(bad)
   assert packing.check_pack(0) == 0 and packing.check_pack(8) == 8
   assert classification.SingleLabelTask.packable
 
 
+def test_unset_pack_packs_where_rows_can_and_nowhere_else(setup, tmp_path):
+  """config.data.pack unset (the default): DEFAULT_PER_ROW a row for an
+  encoder's classification or regression, one a row for tasks, heads and
+  models whose rows cannot pack, which an explicit K would be refused."""
+  task, _ = setup
+  (tmp_path / "n.txt").write_text("EU NNP B-NP B-ORG\nsays VBZ B-VP O\n\n")
+  ner = registry.make_task("ner/files", ml_collections.ConfigDict(dict(
+      train_file=str(tmp_path / "n.txt"), eval_file=str(tmp_path / "n.txt"))))
+  assert packing.DEFAULT_PER_ROW == 8
+  assert spec_lib.pack_for(task, None, False) == 8
+  assert spec_lib.pack_for(task, 0, False) == 0
+  assert spec_lib.pack_for(task, 3, False) == 3
+  assert spec_lib.pack_for(task, None, True) == 0  # the next-token loss
+  assert spec_lib.pack_for(task, None, False, causal=True) == 0
+  assert spec_lib.pack_for(ner, None, False) == 0
+  assert packing.check_pack(None) is None
+  # A reloaded model: the same rule, and the same refusal, in one line.
+  _, cfg = setup
+  rows = predict_lib.inputs_per_row
+  assert rows("classification", cfg, None) == 8
+  assert rows("regression", cfg, 0) == 0
+  assert rows("token_classification", cfg, None) == 0
+  assert rows("classification", dataclasses.replace(cfg, causal=True),
+              None) == 0
+  with pytest.raises(PredictError, match=r"^pack=4: a token_classification "
+                     r"model reads one input a row; predict with pack=0\.$"):
+    rows("token_classification", cfg, 4)
+  with pytest.raises(PredictError, match=r"^pack=1 must be 0 \(one input a "
+                     r"row\) or K in \[2, 255\] inputs a row\.$"):
+    rows("classification", cfg, 1)
+
+
 @pytest.mark.parametrize("name", ["classify", "glue", "squad", "race", "ner",
                                   "choice"])
 def test_every_fine_tuning_config_takes_data_pack(name):
   """`--config.data.pack=K` (the README's) overrides a field every
-  fine-tuning config has, off by default: a locked config refuses keys it
-  lacks."""
+  fine-tuning config has, unset by default (packed where rows can hold
+  several examples): a locked config refuses keys it lacks."""
   spec = importlib.util.spec_from_file_location(
       name, os.path.join(CONFIGS, f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
   config.lock()
-  assert config.data.pack == 0
+  assert config.data.pack is None
   config.data.pack = 8
   assert config.data.pack == 8
 
@@ -272,7 +307,7 @@ WORDS = ("alpha", "beta", "gamma", "delta", "red", "green", "blue", "one",
 
 
 def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
-    tmp_path, tiny_spm):
+    tmp_path, tiny_spm, capsys):
   """The files task fine-tuned with data.pack=4 and without: the packed
   run's batches are mostly text (its own metrics say so), it reports real
   examples per second, and its prediction files list the eval rows in
@@ -328,3 +363,32 @@ def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
   assert [l.split("\t")[0::2] for l in many_preds] == [
       l.split("\t")[0::2] for l in one_preds]
   assert "eval_accuracy" in many and "eval_accuracy" in one
+
+  # The reloaded model packs its inputs too (unless told pack=0), and each
+  # input's outputs are its outputs alone, in input order.
+  work = str(tmp_path / "work4")
+  packed, single = predict_lib.load(work), predict_lib.load(work, pack=0)
+  assert (packed.pack, single.pack) == (packing.DEFAULT_PER_ROW, 0)
+  shapes = []
+  apply = packed._apply  # pylint: disable=protected-access
+  packed._apply = lambda p, b: (  # pylint: disable=protected-access
+      shapes.append((b["input_ids"].shape, packing.CLS in b)), apply(p, b))[1]
+  texts = [t for t, _ in rows]
+  got, want = packed.predict(texts), single.predict(texts)
+  np.testing.assert_allclose([g["logits"] for g in got],
+                             [w["logits"] for w in want], atol=1e-5)
+  assert [g["label"] for g in got] == [w["label"] for w in want]
+  # 40 texts of 2-5 words, up to 8 in a row of 32: one forward pass of
+  # packed rows, where one a row would take two batches of 32.
+  assert [s[1] for s in shapes] == [True] and shapes[0][0][0] <= 32
+  inputs = tmp_path / "in.tsv"
+  inputs.write_text("text\n" + "".join(f"{t}\n" for t in texts))
+  out = tmp_path / "out.jsonl"
+  assert predict_files.main(["--model", work, "--input", str(inputs),
+                             "--output", str(out), "--no_progress"]) == 0
+  assert [json.loads(l)["label"] for l in out.read_text().splitlines()] == [
+      w["label"] for w in want]
+  assert predict_files.main(["--model", work, "--input", str(inputs),
+                             "--output", str(out), "--pack", "1"]) == 2
+  assert "error: pack=1 must be 0 (one input a row) or K in [2, 255]" in (
+      capsys.readouterr().err)

@@ -230,10 +230,11 @@ def test_other_steps_compile(objective):
       objective, objective)
   assert result["mosaic_kernels"] == {k: kernels_per_step for k in FLASH}
   if objective == "finetune":
-    # A chip's 2 packed rows of 128: ids, types, segments and positions
-    # [2, 128] int32, then [2, 4] slots (each [CLS]'s position, weight,
-    # example index, label) and the rows' weights [2].
-    assert result["batch"] == 4 * 2 * 128 * 4 + 4 * 2 * 4 * 4 + 2 * 4
+    # A chip's 2 packed rows of 128: ids, types and segments [2, 128]
+    # int32 (the model counts positions from the segments), then [2, 4]
+    # slots (each [CLS]'s position, weight, example index, label) and the
+    # rows' weights [2].
+    assert result["batch"] == 3 * 2 * 128 * 4 + 4 * 2 * 4 * 4 + 2 * 4
     # The report says its 8 rows bound what a packed run takes.
     from albert_jax.tools import compile_report  # pylint: disable=g-import-not-at-top
     assert ("  batch: 8 global, 2 per data-parallel shard, 1 micro-batch of "
