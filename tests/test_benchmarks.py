@@ -205,6 +205,7 @@ def run_script(name, *flags, tmp_path):
     return proc.stdout, json.load(f)
 
 
+@pytest.mark.long
 def test_train_step_script_prints_every_row_and_a_profile(tmp_path):
   stdout, result = run_script(
       "train_step.py", "--sizes", "tiny", "--seqs", "16", "--batch", "2",
@@ -246,6 +247,7 @@ def test_train_step_script_prints_every_row_and_a_profile(tmp_path):
   assert profile["components"]["FFN matmuls"]["backward"] > 0
 
 
+@pytest.mark.long
 def test_compile_time_script_prints_every_row(tmp_path):
   stdout, result = run_script(
       "compile_time.py", "--width", "tiny", "--depths", "1,2", "--shares",

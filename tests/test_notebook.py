@@ -18,6 +18,9 @@ import pytest
 import albert_jax
 from albert_jax.text.tokenizer import Tokenizer
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 nbclient = pytest.importorskip(
     "nbclient", reason="nbclient is not installed; install nbclient, nbformat "
     "and ipykernel (the test extra) to execute the Colab notebook")

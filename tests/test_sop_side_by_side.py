@@ -22,6 +22,9 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(EXPERIMENTS / "benchmarks"))
 import sop_side_by_side as sbs  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):

@@ -22,6 +22,9 @@ from albert_jax.training import pretrain
 from locations import CORPUS
 from locations import REPO
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 
 
 def test_random_init_baseline_matches_the_pretrained_fine_tune(

@@ -13,7 +13,8 @@ from albert_jax import config_lib
 @pytest.fixture(scope="module")
 def model_and_params():
   model = Albert(ModelConfig(**{**config_lib.TINY, "vocab_size": 50}))
-  return model, model.init(jax.random.key(0), jnp.array([[1, 2, 3]]))
+  # Compiled: op by op, initialising even a tiny model takes many seconds.
+  return model, jax.jit(model.init)(jax.random.key(0), jnp.array([[1, 2, 3]]))
 
 
 @pytest.mark.parametrize("ids,message", [

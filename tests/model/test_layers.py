@@ -494,7 +494,7 @@ def test_model_initializer_reaches_every_matrix_and_table():
   for kind in layers.INITIALIZERS:
     cfg = ModelConfig.from_dict({
         **config_lib.tiny_model().to_dict(), "initializer": kind})
-    params = nn.meta.unbox(albert_lib.Albert(cfg).init(
+    params = nn.meta.unbox(jax.jit(albert_lib.Albert(cfg).init)(
         jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
     weights = {path: np.asarray(w)
                for path, w in tree_lib.flatten(params).items()

@@ -20,6 +20,9 @@ from albert_jax.training import pretrain
 from locations import CORPUS
 from locations import REPO
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 
 
 def _config(objective, corpus, tokenizer):

@@ -391,6 +391,7 @@ def test_toy_step_compiled_for_an_h100_counted_by_hand():
       k.runs * roofline.seconds(k, H100) for k in found))
 
 
+@pytest.mark.long
 @needs_gpu_compiler
 def test_cli_reports_an_h100_step():
   """`--compile_only --topology=h100`: the XLA:GPU compiler's memory, the

@@ -267,6 +267,7 @@ def _finish(proc):
   return out, json.loads(match.group(1))
 
 
+@pytest.mark.long
 @needs_libtpu
 def test_cli_tpu_and_cpu_agree_on_the_state():
   """ALBERT-base on four v5e chips, Pallas attention, against four fake

@@ -421,6 +421,7 @@ def gpt_run(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.long
 def test_cli_trains_the_tiny_gpt(gpt_run):
   final = json.load(open(os.path.join(gpt_run, "final_metrics.json")))
   assert final["step"] == 4
@@ -444,6 +445,7 @@ def test_cli_trains_the_tiny_gpt(gpt_run):
              for r in train)
 
 
+@pytest.mark.long
 def test_load_pretrained_rebuilds_the_causal_model(gpt_run):
   pre = load_pretrained(gpt_run)
   assert pre.model_config.causal and pre.heads == ("lm",)

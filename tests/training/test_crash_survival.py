@@ -58,6 +58,9 @@ from albert_jax.text import train as text_train
 from locations import CORPUS
 from locations import REPO
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 # The worker beside this file runs the CLI with a planned kill.
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "crash_worker.py")

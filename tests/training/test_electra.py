@@ -484,6 +484,7 @@ def trained(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.long
 def test_tiny_config_trains_end_to_end(trained):
   final = json.load(open(os.path.join(trained, "final_metrics.json")))
   assert final["step"] == 12 and final["skipped_steps"] == 0
@@ -513,6 +514,7 @@ def _hf_inputs(vocab):
   return ids, types, mask
 
 
+@pytest.mark.long
 def test_workdir_exports_to_transformers_with_parity(trained, tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
@@ -551,6 +553,7 @@ def test_workdir_exports_to_transformers_with_parity(trained, tmp_path):
                gen.params["embeddings"])
 
 
+@pytest.mark.long
 def test_electra_part_errors(trained, tmp_path):
   with pytest.raises(CheckpointError, match="choose one of"):
     load_pretrained(trained, electra_part="critic")

@@ -243,6 +243,9 @@ def wrap(fn):
 storage.write_atomic = wrap(storage.write_atomic)
 storage.create_if_absent = wrap(storage.create_if_absent)
 from albert_jax import main
+
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
 sys.argv = ["albert_jax.main"] + sys.argv[1:]
 main.run()
 """

@@ -48,6 +48,9 @@ _OUTAGE_HOOK = r"""
 import os, time
 import jax
 from albert_jax.training import checkpoints
+
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
 _at = dict(x.split(":") for x in os.environ.get("OUTAGE_AT", "").split(",")
            if x)
 _real_save = checkpoints.save

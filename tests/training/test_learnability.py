@@ -28,13 +28,17 @@ uniformly (see its test): with the sampling ELECTRA trains with, the
 generator learns what a tiny discriminator could check before the
 discriminator learns to check it, and leaves nothing detectable.
 
-Time per test (2 busy CPU cores) is in each test's comment.
+Time per test (2 busy CPU cores) is in each test's comment. The masked LM
+case runs in the default suite; the others are in the long tier
+(`pytest -m long`, tests/conftest.py), minutes together on 2 cores.
 """
 
 import json
 import math
 import os
 import random
+
+import pytest
 
 from albert_jax.training import pretrain
 from locations import CONFIGS
@@ -211,6 +215,7 @@ def masked_lm_config(**model):
   return c
 
 
+@pytest.mark.long
 def test_sentence_order_is_learned(tmp_path):
   """SOP >= 0.95 on held-out documents.
 
@@ -230,6 +235,7 @@ def test_sentence_order_is_learned(tmp_path):
   assert final["eval_sop_accuracy"] >= 0.95, final
 
 
+@pytest.mark.long
 def test_next_sentence_is_learned(tmp_path):
   """NSP >= 0.95 on held-out documents.
 
@@ -274,6 +280,7 @@ def test_masked_lm_learns_a_deterministic_grammar(tmp_path):
   assert final["eval_mlm_accuracy"] >= 0.9, final
 
 
+@pytest.mark.long
 def test_causal_lm_reaches_the_entropy_floor(tmp_path):
   """Held-out next-token loss within 0.1 nats above the corpus's floor,
   and not below it by more than 0.02.
@@ -300,6 +307,7 @@ def test_causal_lm_reaches_the_entropy_floor(tmp_path):
   assert floor - 0.02 <= final["eval_lm_loss"] <= floor + 0.1, (floor, final)
 
 
+@pytest.mark.long
 def test_electra_discriminator_finds_replaced_tokens(tmp_path):
   """Held-out replaced-token detection well above the all-original
   baseline: recall >= 0.65, precision >= 0.9, accuracy >= the baseline
@@ -354,6 +362,7 @@ def test_electra_discriminator_finds_replaced_tokens(tmp_path):
   assert final["eval_rtd_accuracy"] >= baseline + 0.08, (baseline, final)
 
 
+@pytest.mark.long
 def test_sentence_order_is_learned_from_packed_rows(tmp_path):
   """The SOP case with data.pack=3: several instances per row, each scored
   at its own [CLS]. Held-out SOP >= 0.95 and MLM well above the unigram

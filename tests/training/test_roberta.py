@@ -466,6 +466,7 @@ def run(corpus, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.long
 def test_run_trains_a_bpe_in_the_workdir(run):
   assert os.path.exists(os.path.join(run, "bpe", "tokenizer.json"))
   assert not os.path.exists(os.path.join(run, "spm"))
@@ -490,6 +491,7 @@ def _instances(data_dir):
   return out
 
 
+@pytest.mark.long
 def test_run_data_are_full_sentences_across_documents(run, corpus):
   tok = Tokenizer.from_file(os.path.join(run, "bpe"))
   documents, doc = [], []
@@ -526,6 +528,7 @@ def test_run_data_are_full_sentences_across_documents(run, corpus):
   assert packed == sum(map(len, documents))
 
 
+@pytest.mark.long
 def test_run_masks_change_between_epochs(run):
   config = json.load(open(os.path.join(run, "config.json")))
   assert config["data"]["dynamic_masking"] is True
@@ -556,6 +559,7 @@ def test_run_masks_change_between_epochs(run):
   assert first == second
 
 
+@pytest.mark.long
 def test_run_exports_to_hf_roberta(run, tmp_path):
   pt = albert_jax.load_pretrained(run)
   assert pt.tokenizer is not None and pt.tokenizer.is_bpe

@@ -607,7 +607,7 @@ def test_roberta_positions_ignore_a_random_pad_token():
            "masked_ids": jnp.array([[7, 0], [10, 0]], jnp.int32),
            "masked_weights": jnp.array([[1.0, 0.0], [1.0, 0.0]]),
            "sentence_labels": jnp.array([-1, -1], jnp.int32)}
-  params = model.init(jax.random.key(0), ids)["params"]
+  params = jax.jit(model.init)(jax.random.key(0), ids)["params"]
   got = objectives.MaskedLMObjective(model).sums(params, batch, None, True)
   # Positions counted from the clean ids (pad id 1; no mask given).
   out = model.apply({"params": params}, noisy, batch["token_type_ids"], mask,
