@@ -28,8 +28,8 @@ def pytest_collection_modifyitems(config, items):
   across processes, the benchmark scripts end to end: minutes each on 2
   cores) is left out of a plain `pytest`, so the suite fits its time; it
   runs with `-m long` (`-m "long or not long"`: everything), and a long
-  test named by its node id runs whatever the selection. Its latest result
-  is in tests/LONG_TIER.md."""
+  test named by its node id runs too. Its latest result is in
+  tests/LONG_TIER.md."""
   if config.option.markexpr:
     return
   named = [a for a in config.args if "::" in a]
