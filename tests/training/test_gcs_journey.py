@@ -38,6 +38,9 @@ from locations import CORPUS
 from locations import REPO
 from training.test_resume import _HOOK  # pylint: disable=g-bad-import-order
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 TIMEOUT = 300
 STEPS, EVERY, SEQ, VOCAB = 12, 3, 32, 300
 # The README's sizes → the test's.
@@ -244,8 +247,6 @@ storage.write_atomic = wrap(storage.write_atomic)
 storage.create_if_absent = wrap(storage.create_if_absent)
 from albert_jax import main
 
-# Whole runs: the long tier (tests/conftest.py).
-pytestmark = pytest.mark.long
 sys.argv = ["albert_jax.main"] + sys.argv[1:]
 main.run()
 """

@@ -37,6 +37,9 @@ from albert_jax import storage
 from locations import REPO
 from training.test_resume import _HOOK  # pylint: disable=g-bad-import-order
 
+# Whole runs: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 OUTAGE = 8.0
 STEPS, EVERY, SEQ = 12, 3, 32
 TIMEOUT = 300
@@ -49,8 +52,6 @@ import os, time
 import jax
 from albert_jax.training import checkpoints
 
-# Whole runs: the long tier (tests/conftest.py).
-pytestmark = pytest.mark.long
 _at = dict(x.split(":") for x in os.environ.get("OUTAGE_AT", "").split(",")
            if x)
 _real_save = checkpoints.save
