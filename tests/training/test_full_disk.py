@@ -22,8 +22,13 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from locations import REPO
 from plugin_noise import without_plugin_noise
+
+# Fault injection across processes: the long tier (tests/conftest.py).
+pytestmark = pytest.mark.long
 
 SEQ = 32
 
