@@ -347,8 +347,8 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
                             attention_probs_dropout_prob=dropout)
   c.seed = 0
   # Examples a row (albert_jax/finetune/packing.py). Unset: up to 8 where
-  # rows can hold several (classification and regression of an encoder,
-  # without lm_aux_weight), one elsewhere; K >= 2: up to K (refused where
+  # rows can hold several (classification, regression and tagging on an
+  # encoder, without lm_aux_weight), one elsewhere; K >= 2: up to K (refused where
   # rows cannot pack); 0: one example a row.
   c.data = ml_collections.ConfigDict(dict(
       task=task, max_seq_length=max_seq_length, tokenizer="",

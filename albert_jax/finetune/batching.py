@@ -141,14 +141,16 @@ class PackedBatches(_Steps):
     sharding: as `ArrayBatches`'.
     seed: the shuffle's seed.
     multiple: R is a multiple of this (data-parallel size × accumulation).
+    token_keys: per-token features besides the tokens (`packing.pack`).
   """
 
   def __init__(self, features: dict[str, np.ndarray], per_row: int,
                batch_size: int, *, sharding=None, seed: int = 0,
-               multiple: int = 1):
+               multiple: int = 1, token_keys: tuple[str, ...] = ()):
     self.num_examples = _num_rows(features)
     self.features = features
     self.per_row = per_row
+    self.token_keys = tuple(token_keys)
     self.seed = seed
     self.sharding = sharding
     self._rows_so_far = [0]  # rows of the epochs before epoch e, e = index
@@ -163,7 +165,7 @@ class PackedBatches(_Steps):
     order = np.random.default_rng([self.seed, epoch]).permutation(
         self.num_examples)
     return packing.pack({k: v[order] for k, v in self.features.items()},
-                        self.per_row)
+                        self.per_row, self.token_keys)
 
   def padding_fraction(self) -> float:
     """The share of epoch 0's positions that are padding."""

@@ -7,11 +7,15 @@ row, each keeping its own [CLS], token types and segment id (1..K in
 "attention_mask": a token attends only to its own example,
 `albert_jax.ops.attention`; the model counts each example's positions from
 its own start, as its positions alone, `encoder.segment_position_ids`);
-"cls_positions" [K] tells the model where each example's [CLS] is, so the pooler and the head give one output
-per example ([R, K, ...]). Per-example features (labels) become [R, K]
-slots; "slot_weights" [R, K] is 1 for a filled slot and "slot_index"
+"cls_positions" [K] tells the model where each example's [CLS] is, so the
+pooler and a sentence head give one output per example ([R, K, ...]).
+Per-example features (a class label) become [R, K] slots; per-token ones
+(a tagger's labels, named by the task's `token_keys`) are laid out as the
+tokens are. "slot_weights" [R, K] is 1 for a filled slot and "slot_index"
 [R, K] names the example a slot holds (-1: empty), which `unpack` uses to
-put the predictions back in the examples' order.
+put the predictions back in the examples' order: a slot's output, or an
+example's tokens' outputs (`token_slots` tells a loss which example a
+token belongs to).
 
 Rows are filled first-fit, in the examples' order, over a window of the
 last `OPEN_ROWS` rows still open: deterministic, about as tight as
@@ -73,10 +77,11 @@ def resolve(pack: int | None, packable: bool) -> int:
 
 
 def packed_features(features: dict[str, tuple[tuple[int, ...], Any]],
-                    per_row: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+                    per_row: int, token_keys: tuple[str, ...] = ()
+                    ) -> dict[str, tuple[tuple[int, ...], Any]]:
   """A task's per-row feature schema (`Task.batch_features`) packed K to a
-  row: [T] token features stay [T], per-example features gain a leading
-  [K], and the packing features are added."""
+  row: TOKEN_KEYS and `token_keys` stay [T, ...], per-example features gain
+  a leading [K], and the packing features are added."""
   length = features["input_ids"][0]
   if len(length) != 1:
     raise ValueError("Only rows of one sequence pack; multiple-choice rows "
@@ -84,7 +89,7 @@ def packed_features(features: dict[str, tuple[tuple[int, ...], Any]],
   (t,) = length
   out = {}
   for name, (shape, dtype) in features.items():
-    out[name] = (shape, dtype) if name in TOKEN_KEYS else (
+    out[name] = (shape, dtype) if name in TOKEN_KEYS + tuple(token_keys) else (
         (per_row,) + tuple(shape), dtype)
   out[CLS] = ((per_row,), np.int32)
   out[SLOT_WEIGHTS] = ((per_row,), np.float32)
@@ -111,41 +116,53 @@ def _assign(lengths: np.ndarray, t: int, per_row: int
   return rows
 
 
-def pack(features: dict[str, np.ndarray], per_row: int
-         ) -> dict[str, np.ndarray]:
+def pack(features: dict[str, np.ndarray], per_row: int,
+         token_keys: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
   """N right-padded examples → R rows of up to `per_row` examples.
 
   Args:
     features: TOKEN_KEYS [N, T] ("attention_mask" 1 on an example's
-      tokens, 0 on padding) and per-example features [N, ...].
+      tokens, 0 on padding), `token_keys` [N, T, ...] and per-example
+      features [N, ...].
     per_row: K, at most this many examples in a row.
+    token_keys: per-token features besides TOKEN_KEYS (a tagger's labels;
+      names `features` lacks, e.g. a task's per-token predictions, are
+      skipped).
 
   Returns:
-    TOKEN_KEYS [R, T] ("attention_mask" the slot's segment id 1..K, 0 on
-    padding), CLS / SLOT_WEIGHTS / SLOT_INDEX [R, K], and
-    every per-example feature [R, K, ...] (zeros in empty slots).
+    TOKEN_KEYS and `token_keys` [R, T, ...] ("attention_mask" the slot's
+    segment id 1..K, 0 on padding; the others' padding keeps the value
+    the examples' padding has, e.g. the pad id, or -1 for "no label"),
+    CLS / SLOT_WEIGHTS / SLOT_INDEX [R, K], and every per-example feature
+    [R, K, ...] (zeros in empty slots).
   """
   mask = np.asarray(features["attention_mask"])
   n, t = mask.shape
   lengths = mask.astype(bool).sum(axis=1)
   rows = _assign(lengths, t, per_row)
   r = len(rows)
-  out = {k: np.zeros((r, t), features[k].dtype) for k in TOKEN_KEYS}
-  # Padding keeps the tokenizer's pad id (whatever it is, segment 0 hides it).
-  padding = np.asarray(features["input_ids"])[mask == 0]
-  out["input_ids"][:] = padding[0] if padding.size else 0
+  tokens = TOKEN_KEYS + tuple(k for k in token_keys if k in features)
+  out = {}
+  for k in tokens:
+    v = np.asarray(features[k])
+    # Padding keeps the examples' own padding value (the tokenizer's pad
+    # id, a label that carries no loss); segment 0 hides it from attention.
+    padding = v[mask == 0]
+    out[k] = np.full((r, t) + v.shape[2:], padding[0] if padding.size else 0,
+                     v.dtype)
+  out["attention_mask"][:] = 0
   out[CLS] = np.zeros((r, per_row), np.int32)
   out[SLOT_WEIGHTS] = np.zeros((r, per_row), np.float32)
   out[SLOT_INDEX] = np.full((r, per_row), -1, np.int32)
-  per_example = [k for k in features if k not in TOKEN_KEYS]
+  per_example = [k for k in features if k not in tokens]
   for k in per_example:
     out[k] = np.zeros((r, per_row) + features[k].shape[1:], features[k].dtype)
   for row, members in enumerate(rows):
     at = 0
     for slot, i in enumerate(members):
       m = int(lengths[i])
-      out["input_ids"][row, at:at + m] = features["input_ids"][i, :m]
-      out["token_type_ids"][row, at:at + m] = features["token_type_ids"][i, :m]
+      for k in tokens:
+        out[k][row, at:at + m] = features[k][i, :m]
       out["attention_mask"][row, at:at + m] = slot + 1
       out[CLS][row, slot] = at
       out[SLOT_WEIGHTS][row, slot] = 1.0
@@ -171,23 +188,59 @@ def rows_per_step(batch_size: int, num_examples: int, num_rows: int,
   return -(-rows // multiple) * multiple
 
 
-def unpack(predictions: dict[str, np.ndarray], slot_index: np.ndarray,
-           num_examples: int) -> dict[str, np.ndarray]:
-  """[R, K, ...] predictions of packed rows → [N, ...] in example order."""
+def unpack(predictions: dict[str, np.ndarray], packed: dict[str, np.ndarray],
+           num_examples: int, token_keys: tuple[str, ...] = ()
+           ) -> dict[str, np.ndarray]:
+  """Predictions of `pack`'s rows → [N, ...] in example order.
+
+  Args:
+    predictions: [R, K, ...] per slot, or for `token_keys` [R, T, ...] per
+      token.
+    packed: the rows (`pack`'s output: SLOT_INDEX, CLS, "attention_mask").
+    num_examples: N.
+    token_keys: the per-token predictions.
+
+  Returns:
+    [N, ...] per example; per token [N, T, ...], an example's tokens at
+    its own positions 0..m-1 and zeros after them, as if it had a row
+    alone.
+  """
+  slot_index = np.asarray(packed[SLOT_INDEX])
   flat = slot_index.reshape(-1)
   filled = flat >= 0
   order = flat[filled]
   if np.any(np.sort(order) != np.arange(num_examples)):
     raise ValueError(f"The packed rows hold {order.size} examples, not each "
                      f"of the {num_examples} once.")
+  # Each real token: its row, position, example, and position in the example.
+  segments = np.asarray(packed["attention_mask"])
+  rows, positions = np.nonzero(segments)
+  slots = segments[rows, positions] - 1
+  examples = slot_index[rows, slots]
+  within = positions - np.asarray(packed[CLS])[rows, slots]
   out = {}
   for k, v in predictions.items():
     v = np.asarray(v)
-    values = v.reshape((-1,) + v.shape[2:])[filled]
-    result = np.empty_like(values)
-    result[order] = values
+    if k in token_keys:
+      result = np.zeros((num_examples,) + v.shape[1:], v.dtype)
+      result[examples, within] = v[rows, positions]
+    else:
+      values = v.reshape((-1,) + v.shape[2:])[filled]
+      result = np.empty_like(values)
+      result[order] = values
     out[k] = result
   return out
+
+
+def token_slots(batch: dict) -> jax.Array:
+  """Which example each token belongs to, one-hot: [N, T, K] for a packed
+  batch (segment k + 1 is slot k), [N, T, 1] for one example a row; 0 on
+  padding. A per-token loss sums each example's tokens through it."""
+  mask = batch["attention_mask"]
+  if SLOT_WEIGHTS not in batch:
+    return (mask > 0)[..., None].astype(jnp.float32)
+  return jax.nn.one_hot(mask - 1, batch[SLOT_WEIGHTS].shape[-1],
+                        dtype=jnp.float32)
 
 
 def example_weights(batch: dict) -> jax.Array:

@@ -322,8 +322,8 @@ class FineTuned:
     sharding_rules: the logical axis rules (`config.sharding_rules`);
       None: `sharding.DEFAULT_RULES`.
     pack: inputs a row holds (`albert_jax.finetune.packing`): None for
-      `packing.DEFAULT_PER_ROW` where the task type packs (classification
-      and regression on an encoder) and one elsewhere; 0 for one; K >= 2
+      `packing.DEFAULT_PER_ROW` where the task type packs (classification,
+      regression and tagging on an encoder) and one elsewhere; 0 for one; K >= 2
       for up to K. Each input's outputs are its outputs alone (within
       float rounding), in input order.
 
@@ -409,8 +409,8 @@ class FineTuned:
     if n == 0:
       raise PredictError("Nothing to predict: no inputs were given.")
     if self.pack:  # inputs side by side, each with its own [CLS]
-      inputs = packing.pack(inputs, self.pack)
-      slots = inputs.pop(packing.SLOT_INDEX)
+      packed = packing.pack(inputs, self.pack)
+      inputs = {k: v for k, v in packed.items() if k != packing.SLOT_INDEX}
     # Fewer rows than a batch: the next power of two, so a handful of
     # inputs neither pads to a full batch nor compiles for every count.
     rows = min(int(batch_size),
@@ -430,7 +430,10 @@ class FineTuned:
     out = {k: np.concatenate([p[k] for p in parts])[:batches.num_rows]
            for k in parts[0]}
     # A packed row's outputs are [K, ...], one per slot: back to inputs.
-    return packing.unpack(out, slots, n) if self.pack else out
+    if not self.pack:
+      return out
+    return packing.unpack(out, packed, n,
+                          registry.task_type(self.task_type).token_keys)
 
   def to_hf(self, path: str, model_type: str | None = None) -> None:
     """Writes a transformers task checkpoint (`{Family}For{Task}`, e.g.

@@ -51,10 +51,12 @@ log = logging.getLogger(__name__)
 
 
 def _predict_split(predict, params, split, batch_size, data_sharding,
-                   pack: int = 0):
+                   pack: int = 0, token_keys: tuple[str, ...] = ()):
   """Predictions for all of a split's rows, padding dropped, in row order;
-  with `pack`, run on packed rows and put back in the examples' order."""
-  features = packing.pack(split.features, pack) if pack else split.features
+  with `pack`, run on packed rows and put back in the examples' order
+  (`token_keys`: the task's per-token features and predictions)."""
+  features = (packing.pack(split.features, pack, token_keys) if pack
+              else split.features)
   batches = batching.ArrayBatches(features, batch_size,
                                   sharding=data_sharding)
   parts = [jax.device_get(predict(params, b))
@@ -62,8 +64,7 @@ def _predict_split(predict, params, split, batch_size, data_sharding,
   rows = batches.num_rows
   preds = {k: np.concatenate([p[k] for p in parts])[:rows] for k in parts[0]}
   if pack:
-    preds = packing.unpack(preds, features[packing.SLOT_INDEX],
-                           split.num_rows)
+    preds = packing.unpack(preds, features, split.num_rows, token_keys)
   return preds
 
 
@@ -240,7 +241,7 @@ def _evaluator(setup: _Setup, predict, eval_batch: int, data_sharding):
     out = {}
     for split in setup.eval_splits:
       preds = _predict_split(predict, st["params"], split, eval_batch,
-                             data_sharding, setup.pack)
+                             data_sharding, setup.pack, setup.task.token_keys)
       metrics = setup.task.evaluate(preds, split)
       prefix = setup.metric_prefix(split.name)
       out.update({f"{prefix}{k}": float(v) for k, v in metrics.items()})
@@ -259,7 +260,7 @@ def _train_batches(config, setup: _Setup, data_sharding, multiple: int):
         features, config.batch_size, sharding=data_sharding, seed=config.seed)
   batches = batching.PackedBatches(
       features, setup.pack, config.batch_size, sharding=data_sharding,
-      seed=config.seed, multiple=multiple)
+      seed=config.seed, multiple=multiple, token_keys=setup.task.token_keys)
   examples, rows = batches.num_examples, batches.rows_per_epoch
   log.info("Packed %d training examples into %d rows of up to %d (%.2f a "
            "row): padding %.1f%% of positions (%.1f%% one per row). A step "
@@ -303,7 +304,7 @@ def _best_predictions(setup: _Setup, predict, params, eval_batch: int,
     split = next((s for s in setup.eval_splits if s.name == name), None) or (
         task.load(name, setup.tokenizer, setup.seq_len))
     preds = _predict_split(predict, params, split, eval_batch, data_sharding,
-                           setup.pack)
+                           setup.pack, task.token_keys)
     if split.has_labels:
       prefix = setup.metric_prefix(name)
       best_eval.update({f"{prefix}{k}": float(v)

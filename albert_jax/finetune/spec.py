@@ -122,7 +122,7 @@ def pack_for(task: Task, pack: int | None, lm_head: bool,
 
   Raises:
     ValueError: an explicit K > 0 for a task whose rows are not single
-      examples read through one [CLS], with the next-token head (its targets
+      examples (multiple choice, SQuAD windows), with the next-token head (its targets
       would cross examples), or on a causal model (its summary token is an
       example's last, which packed rows do not point at).
   """
@@ -133,8 +133,8 @@ def pack_for(task: Task, pack: int | None, lm_head: bool,
   if not task.packable:
     raise ValueError(
         f"config.data.pack={pack}: task {task.name!r} does not pack (only "
-        "classification and regression, whose rows are single examples "
-        "read through one [CLS], do); set --config.data.pack=0.")
+        "classification, regression and tagging, whose rows are single "
+        "examples, do); set --config.data.pack=0.")
   if lm_head:
     raise ValueError(
         f"config.data.pack={pack} with config.lm_aux_weight > 0: the "
@@ -161,6 +161,6 @@ def for_task(task: Task, model_config: ModelConfig, max_seq_length: int,
   if pack:
     # Refuses rows that cannot pack.
     pack_for(task, pack, lm_head, model_config.causal)
-    features = packing.packed_features(features, pack)
+    features = packing.packed_features(features, pack, task.token_keys)
   return FineTuneSpec(model_config, task.head(model_config), lm_head,
                       features)

@@ -43,6 +43,7 @@ import optax
 
 from albert_jax import storage
 from albert_jax.finetune import conlleval
+from albert_jax.finetune import packing
 from albert_jax.finetune import tabular
 from albert_jax.finetune import task_type as task_type_lib
 from albert_jax.finetune.task import Split
@@ -237,6 +238,9 @@ class TaggingTask(Task):
   """Named entities from CoNLL files or TFDS conll2003."""
   metric = "f1"
   train_split = "train"
+  # Sentences pack side by side: labels and predicted tags are per token.
+  packable = True
+  token_keys = ("labels", "tags")
 
   def __init__(self, name: str, data):
     if name not in TASKS:
@@ -317,19 +321,23 @@ class TaggingTask(Task):
     return TokenClassifierHead(model_config, len(self.labels))
 
   def loss_sums(self, outputs: dict, batch: dict) -> dict:
-    """Per row, the mean cross entropy over its labelled sub-words (0 for a
-    row with none); "correct_sum" the fraction of them predicted right."""
-    logits = outputs["logits"]
-    labels = batch["labels"]
+    """Per sentence, the mean cross entropy over its labelled sub-words (0
+    for a sentence with none); "correct_sum" the fraction of them predicted
+    right. A packed row's sentences are told apart by their segments."""
+    logits = outputs["logits"]  # [N, T, L]
+    labels = batch["labels"]  # [N, T]
     valid = (labels >= 0).astype(jnp.float32)
     nll = optax.softmax_cross_entropy_with_integer_labels(
         logits, jnp.maximum(labels, 0))
-    count = jnp.maximum(jnp.sum(valid, axis=-1), 1.0)
-    row_loss = jnp.sum(nll * valid, axis=-1) / count
     right = (jnp.argmax(logits, -1) == labels).astype(jnp.float32) * valid
-    w = batch["weights"].astype(jnp.float32)
-    return {"loss_sum": jnp.sum(jnp.where(w > 0, row_loss, 0.0) * w),
-            "correct_sum": jnp.sum(jnp.sum(right, -1) / count * w)}
+    slots = packing.token_slots(batch) * valid[..., None]  # [N, T, K]
+    count = jnp.maximum(jnp.sum(slots, axis=1), 1.0)  # [N, K]
+    loss = jnp.einsum("nt,ntk->nk", nll, slots) / count
+    correct = jnp.einsum("nt,ntk->nk", right, slots) / count
+    w = packing.example_weights(batch)
+    w = w if w.ndim == 2 else w[:, None]  # [N, K]
+    return {"loss_sum": jnp.sum(jnp.where(w > 0, loss, 0.0) * w),
+            "correct_sum": jnp.sum(correct * w)}
 
   def predict(self, outputs: dict, batch: dict) -> dict[str, jax.Array]:
     del batch
@@ -394,6 +402,8 @@ class TokenClassificationType(task_type_lib.TaskType):
   labelled = True
   pooled = False
   head_layer = "classifier"
+  packable = True
+  token_keys = ("logits",)
 
   def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
     return TokenClassifierHead(cfg, len(info["labels"]))

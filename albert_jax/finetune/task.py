@@ -80,8 +80,12 @@ class Task(abc.ABC):
   name: str
   metric: str
   # Whether rows can hold several examples (`config.data.pack`): the head
-  # and losses read [N, K, ...] per-example outputs (`finetune.packing`).
+  # and losses read [N, K, ...] per-example outputs (`finetune.packing`),
+  # or per-token ones of `token_keys` (features and predictions laid out as
+  # the tokens, besides INPUT_KEYS), each example's tokens told apart by
+  # `packing.token_slots`.
   packable: bool = False
+  token_keys: tuple[str, ...] = ()
   train_split: str = "train"
   eval_splits: tuple[str, ...] = ("validation",)
   predict_splits: tuple[str, ...] = ()

@@ -51,8 +51,10 @@ class TaskType(abc.ABC):
       unset.
     head_layer, hf_head: the head's linear layer in our parameters and in
       transformers' class (`head_to_hf`, `head_from_hf`).
-    packable: a row can hold several inputs, each read through its own
-      [CLS] (`albert_jax.finetune.packing`), and prediction packs them.
+    packable: a row can hold several inputs (`albert_jax.finetune.
+      packing`), and prediction packs them.
+    token_keys: the head's per-token outputs (put back per input token by
+      token when packed); the others are one per input.
   """
   name: str
   # The head's one linear layer: our name, and transformers'.
@@ -62,6 +64,7 @@ class TaskType(abc.ABC):
   pooled: bool = True
   problem_type: str | None = None
   packable: bool = False
+  token_keys: tuple[str, ...] = ()
 
   def task_info_problem(self, info: dict) -> str | None:
     """What is wrong with this type's own fields of `info` (its common

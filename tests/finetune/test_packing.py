@@ -24,7 +24,6 @@ import flax.linen as nn
 import hypothesis
 from hypothesis import strategies as st
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -83,6 +82,19 @@ def test_pack_by_hand():
                                                     [1, 0, 0]])
   assert packing.padding_fraction(p) == pytest.approx(1 - 40 / 48)
   assert packing.padding_fraction(ex) == pytest.approx(1 - 40 / 80)
+  # A tagger's per-token labels are laid out as the tokens, padding -1.
+  ex["tags"] = np.where(ex["attention_mask"] > 0,
+                        np.arange(5)[:, None] * 100 + np.arange(T), -1)
+  p = packing.pack(ex, 3, token_keys=("tags",))
+  np.testing.assert_array_equal(
+      p["tags"][0], list(range(5)) + list(range(100, 109)) + [-1] * 2)
+  np.testing.assert_array_equal(
+      p["tags"][1], list(range(200, 203)) + list(range(300, 307)) + [-1] * 6)
+  assert "tags" in packing.packed_features(
+      {"input_ids": ((T,), np.int32), "tags": ((T,), np.int32)}, 3,
+      ("tags",)) and packing.packed_features(
+          {"input_ids": ((T,), np.int32), "tags": ((T,), np.int32)}, 3,
+          ("tags",))["tags"] == ((T,), np.int32)
 
 
 @hypothesis.settings(max_examples=60, deadline=None)
@@ -106,11 +118,22 @@ def test_pack_properties(lengths, per_row):
                                     slot + 1)
     assert np.count_nonzero(p["attention_mask"][r]) == sum(
         lengths[i] for i in members)
-  # Predictions of the slots back in the examples' order.
+  # Predictions of the slots, and of the tokens, back in the examples'
+  # order: a token's fake prediction names its example and position.
   fake = {"prediction": np.where(index >= 0, index * 10, -7)}
-  back = packing.unpack(fake, index, len(lengths))
+  segments = p["attention_mask"]
+  example = np.take_along_axis(index, np.maximum(segments - 1, 0), axis=1)
+  start = np.take_along_axis(p["cls_positions"], np.maximum(segments - 1, 0),
+                             axis=1)
+  fake["tags"] = np.where(segments > 0, 1000 * example + np.arange(T) - start
+                          + 1, -7)
+  back = packing.unpack(fake, p, len(lengths), token_keys=("tags",))
   np.testing.assert_array_equal(back["prediction"],
                                 np.arange(len(lengths)) * 10)
+  want = np.zeros((len(lengths), T), np.int64)
+  for i, m in enumerate(lengths):
+    want[i, :m] = 1000 * i + np.arange(m) + 1
+  np.testing.assert_array_equal(back["tags"], want)
 
 
 @pytest.mark.parametrize("batch,examples,rows,multiple,want", [
@@ -201,7 +224,7 @@ def test_packed_rows_give_each_example_its_own_outputs_loss_and_grads(
                   static_argnums=0, compiler_options=fast_compile)
   alone = np.asarray(apply(one.model, ex)["logits"])  # [N, C]
   together = np.asarray(apply(many.model, packed)["logits"])  # [R, K, C]
-  back = packing.unpack({"logits": together}, packed["slot_index"],
+  back = packing.unpack({"logits": together}, packed,
                         len(lengths))["logits"]
   np.testing.assert_allclose(back, alone, atol=1e-5, rtol=1e-5)
 
@@ -227,10 +250,79 @@ def test_packed_rows_give_each_example_its_own_outputs_loss_and_grads(
   changed["input_ids"][0, at + 1:at + 9] = 7
   other = packing.unpack(
       {"logits": np.asarray(apply(many.model, changed)["logits"])},
-      packed["slot_index"], len(lengths))["logits"]
+      packed, len(lengths))["logits"]
   keep = np.arange(len(lengths)) != 1
   np.testing.assert_allclose(other[keep], back[keep], atol=1e-6)
   assert not np.allclose(other[1], back[1])
+
+
+def _race():
+  return registry.make_task("race/middle", ml_collections.ConfigDict())
+
+
+@pytest.fixture(name="tagger", scope="module")
+def fixture_tagger(tmp_path_factory):
+  d = tmp_path_factory.mktemp("pack_ner")
+  (d / "n.txt").write_text("EU NNP B-NP B-ORG\nsays VBZ B-VP O\n"
+                           "Peter NNP B-NP B-PER\n\n")
+  return registry.make_task("ner/files", ml_collections.ConfigDict(dict(
+      train_file=str(d / "n.txt"), eval_file=str(d / "n.txt"))))
+
+
+def test_packed_sentences_are_tagged_and_scored_as_alone(setup, tagger,
+                                                         fast_compile):
+  """Tagging packed: each sentence's per-token logits equal its logits
+  alone in a row, and the loss (each sentence's mean over its labelled
+  sub-words, averaged over sentences) and gradients equal the unpacked
+  batch's."""
+  _, cfg = setup
+  lengths = [5, 9, 3, 7, 16, 2, 4]
+  ex = _examples(lengths, seed=2)
+  rng = np.random.default_rng(0)
+  labelled = (ex["attention_mask"] > 0) & (rng.random(ex["attention_mask"]
+                                                      .shape) < 0.6)
+  ex["labels"] = np.where(labelled, rng.integers(0, len(tagger.labels),
+                                                 labelled.shape), -1)
+  ex["labels"] = ex["labels"].astype(np.int32)
+  packed = packing.pack(ex, 4, tagger.token_keys)
+  ex["weights"] = np.ones(len(lengths), np.float32)
+  packed["weights"] = np.ones(len(packed["input_ids"]), np.float32)
+  one = spec_lib.for_task(tagger, cfg, T)
+  many = spec_lib.for_task(tagger, cfg, T, pack=4)
+  assert many.features["labels"] == ((T,), np.int32)
+  params = nn.meta.unbox(jax.jit(one.init_params,
+                                 compiler_options=fast_compile)(
+                                     jax.random.key(3)))
+  apply = jax.jit(lambda m, b: m.apply({"params": params}, b),
+                  static_argnums=0, compiler_options=fast_compile)
+  alone = np.asarray(apply(one.model, ex)["logits"])  # [N, T, L]
+  together = np.asarray(apply(many.model, packed)["logits"])  # [R, T, L]
+  back = packing.unpack({"logits": together}, packed, len(lengths),
+                        ("logits",))["logits"]
+  real = ex["attention_mask"] > 0
+  np.testing.assert_allclose(back[real], alone[real], atol=1e-5, rtol=1e-5)
+  assert not np.any(back[~real])
+
+  def loss(model, batch):
+    def f(p):
+      objective = TaskObjective(model, tagger)
+      sums = objective.sums(p, batch, None, True)
+      return sums["task_loss_sum"] / objective.denominators(batch)["task"]
+    return jax.value_and_grad(f)(params)
+  l1, g1 = jax.jit(lambda b: loss(one.model, b),
+                   compiler_options=fast_compile)(ex)
+  l2, g2 = jax.jit(lambda b: loss(many.model, b),
+                   compiler_options=fast_compile)(packed)
+  # The unpacked loss by hand: each sentence's mean NLL, then their mean.
+  logp = alone - np.log(np.exp(alone).sum(-1, keepdims=True))
+  per = [np.mean([-logp[i, t, ex["labels"][i, t]]
+                  for t in np.flatnonzero(ex["labels"][i] >= 0)] or [0.0])
+         for i in range(len(lengths))]
+  np.testing.assert_allclose(l1, np.mean(per), rtol=1e-5)
+  np.testing.assert_allclose(l2, l1, atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5,
+                               rtol=1e-4)
 
 
 def test_refusals(setup, tmp_path):
@@ -238,11 +330,8 @@ def test_refusals(setup, tmp_path):
   with pytest.raises(ValueError, match=r"^config\.data\.pack=4 with config"
                      r"\.lm_aux_weight > 0"):
     spec_lib.for_task(task, cfg, T, lm_head=True, pack=4)
-  (tmp_path / "n.txt").write_text("EU NNP B-NP B-ORG\nsays VBZ B-VP O\n\n")
-  ner = registry.make_task("ner/files", ml_collections.ConfigDict(dict(
-      train_file=str(tmp_path / "n.txt"), eval_file=str(tmp_path / "n.txt"))))
-  with pytest.raises(ValueError, match=r"task 'ner/files' does not pack"):
-    spec_lib.pack_for(ner, 4, False)
+  with pytest.raises(ValueError, match=r"task 'race/middle' does not pack"):
+    spec_lib.pack_for(_race(), 4, False)
   with pytest.raises(ValueError, match=r"^config\.data\.pack=4 on a causal "
                      r"model: its classifier reads each example's last"):
     spec_lib.pack_for(task, 4, False, causal=True)
@@ -253,33 +342,33 @@ def test_refusals(setup, tmp_path):
   assert classification.SingleLabelTask.packable
 
 
-def test_unset_pack_packs_where_rows_can_and_nowhere_else(setup, tmp_path):
+def test_unset_pack_packs_where_rows_can_and_nowhere_else(setup, tagger):
   """config.data.pack unset (the default): DEFAULT_PER_ROW a row for an
-  encoder's classification or regression, one a row for tasks, heads and
-  models whose rows cannot pack, which an explicit K would be refused."""
+  encoder's classification, regression or tagging, one a row for tasks,
+  heads and models whose rows cannot pack, which an explicit K would be
+  refused."""
   task, _ = setup
-  (tmp_path / "n.txt").write_text("EU NNP B-NP B-ORG\nsays VBZ B-VP O\n\n")
-  ner = registry.make_task("ner/files", ml_collections.ConfigDict(dict(
-      train_file=str(tmp_path / "n.txt"), eval_file=str(tmp_path / "n.txt"))))
   assert packing.DEFAULT_PER_ROW == 8
   assert spec_lib.pack_for(task, None, False) == 8
   assert spec_lib.pack_for(task, 0, False) == 0
   assert spec_lib.pack_for(task, 3, False) == 3
   assert spec_lib.pack_for(task, None, True) == 0  # the next-token loss
   assert spec_lib.pack_for(task, None, False, causal=True) == 0
-  assert spec_lib.pack_for(ner, None, False) == 0
+  assert spec_lib.pack_for(tagger, None, False) == 8
+  assert spec_lib.pack_for(_race(), None, False) == 0
   assert packing.check_pack(None) is None
   # A reloaded model: the same rule, and the same refusal, in one line.
   _, cfg = setup
   rows = predict_lib.inputs_per_row
   assert rows("classification", cfg, None) == 8
   assert rows("regression", cfg, 0) == 0
-  assert rows("token_classification", cfg, None) == 0
+  assert rows("token_classification", cfg, None) == 8
+  assert rows("multiple_choice", cfg, None) == 0
   assert rows("classification", dataclasses.replace(cfg, causal=True),
               None) == 0
-  with pytest.raises(PredictError, match=r"^pack=4: a token_classification "
+  with pytest.raises(PredictError, match=r"^pack=4: a multiple_choice "
                      r"model reads one input a row; predict with pack=0\.$"):
-    rows("token_classification", cfg, 4)
+    rows("multiple_choice", cfg, 4)
   with pytest.raises(PredictError, match=r"^pack=1 must be 0 \(one input a "
                      r"row\) or K in \[2, 255\] inputs a row\.$"):
     rows("classification", cfg, 1)

@@ -647,3 +647,8 @@ def test_token_classification_round_trip(tmp_path, tiny_spm):
     for e in g["entities"]:
       assert text[e["start"]:e["end"]] == e["text"]
       assert e["label"] in ("PER", "LOC")
+  # Trained and predicted with sentences packed side by side (the default),
+  # the tags are those of one sentence a row.
+  assert model.pack == 8
+  assert [g["tags"] for g in predict_lib.load(
+      str(tmp_path / "work"), pack=0).predict(sentences)] == want
