@@ -161,6 +161,7 @@ def load(path: str, step: int | str | None = None, *,
       do not fit.
   """
   from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
+  from albert_jax.text import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.text.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   from albert_jax.training import checkpoint_shapes  # pylint: disable=g-import-not-at-top
   from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
@@ -197,11 +198,11 @@ def load(path: str, step: int | str | None = None, *,
   if tokenizer is None:
     raise CheckpointError(f"{path} has no {TOKENIZER_DIR}/ holding the "
                           "vocabulary the run featurized its data with.")
-  if tokenizer.vocab_size > cfg.vocab_size:
+  problem = tokenizer_lib.misfit(tokenizer, cfg.vocab_size)
+  if problem:
     raise CheckpointError(
-        f"{path}/{TOKENIZER_DIR} has {tokenizer.vocab_size} pieces but the "
-        f"model embeds {cfg.vocab_size}: it is not the vocabulary this run "
-        f"featurized with; restore the run's own {TOKENIZER_DIR}/.")
+        f"{path}/{TOKENIZER_DIR} {problem}: it is not the vocabulary this "
+        f"run featurized with; restore the run's own {TOKENIZER_DIR}/.")
   abstract = spec_from_record(info, cfg).abstract_params()
   try:
     wanted = best_step(path) if step == "best" else step

@@ -15,6 +15,7 @@ import numpy as np
 from albert_jax import tree as tree_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.text import run_tokenizer
+from albert_jax.text import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,12 @@ def check_tokenizer(tokenizer, own, model_config: ModelConfig, path: str,
   the end gave NaN losses), or, where the checkpoint has its own tokenizer,
   other pieces for the same ids (it fine-tuned silently on the wrong
   words)."""
-  if tokenizer.vocab_size > model_config.vocab_size:
+  problem = tokenizer_lib.misfit(tokenizer, model_config.vocab_size)
+  if problem:
     raise ValueError(
-        f"config.data.tokenizer {path} has {tokenizer.vocab_size} pieces but "
-        f"the checkpoint {init} embeds {model_config.vocab_size}; use the "
-        "tokenizer it was pre-trained with (leave config.data.tokenizer "
-        "empty where the checkpoint has one).")
+        f"config.data.tokenizer {path} {problem} (the checkpoint {init}); "
+        "use the tokenizer it was pre-trained with (leave "
+        "config.data.tokenizer empty where the checkpoint has one).")
   if own is None:
     return
   differs = next((i for i in range(min(tokenizer.vocab_size, own.vocab_size))

@@ -78,24 +78,26 @@ class Pretrained:
     self.heads = tuple(self.heads)
     self.module = albert_lib.Albert(self.model_config, pooler=self.pooler,
                                 heads=self.heads)
-    if (self.tokenizer is not None
-        and self.tokenizer.vocab_size > self.model_config.vocab_size):
+    misfit = self._tokenizer_misfit()
+    if misfit:
       # Loaded anyway, for model(ids); fill_mask and embed refuse it.
-      log.warning("%s", self._tokenizer_misfit())
+      log.warning("%s", misfit)
 
-  def _tokenizer_misfit(self) -> str:
-    n, v = self.tokenizer.vocab_size, self.model_config.vocab_size
-    return (f"The tokenizer ({self.tokenizer.path or 'in memory'}) has {n} "
-            f"pieces but the model embeds {v} ids ([0, {v - 1}]), so its "
-            f"ids from {v} on would be misread; set .tokenizer to the one the "
-            "model was trained with.")
+  def _tokenizer_misfit(self) -> str | None:
+    from albert_jax.text import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+    problem = self.tokenizer and tokenizer_lib.misfit(
+        self.tokenizer, self.model_config.vocab_size)
+    if not problem:
+      return None
+    return (f"The tokenizer ({self.tokenizer.path or 'in memory'}) {problem}; "
+            "set .tokenizer to the one the model was trained with.")
 
   def _check_tokenizer(self) -> None:
     """Refuses a tokenizer whose ids the model cannot embed (fill_mask and
     embed encode text with it)."""
-    if (self.tokenizer is not None
-        and self.tokenizer.vocab_size > self.model_config.vocab_size):
-      raise ValueError(self._tokenizer_misfit())
+    misfit = self._tokenizer_misfit()
+    if misfit:
+      raise ValueError(misfit)
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
     """Forward pass.

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from albert_jax import storage
 from albert_jax.text import documents as documents_lib
+from albert_jax.text import tokenizer as tokenizer_lib
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
@@ -149,11 +150,10 @@ def ensure(config, workdir: str) -> Tokenizer:
                  "start in a new workdir.")
     else:
       tok = _train(config, path)
-  if tok.vocab_size != config.model.vocab_size:
-    raise ValueError(
-        f"The tokenizer has {tok.vocab_size} pieces but model.vocab_size is "
-        f"{config.model.vocab_size}; set --config.model.vocab_size="
-        f"{tok.vocab_size}.")
+  problem = tokenizer_lib.misfit(tok, config.model.vocab_size, exact=True)
+  if problem:
+    raise ValueError(f"The tokenizer {problem} (model.vocab_size); set "
+                     f"--config.model.vocab_size={tok.vocab_size}.")
   return tok
 
 

@@ -325,3 +325,29 @@ class Tokenizer:
         run.append(i)
     parts.append(self._sp.decode(run))
     return " ".join(p for p in parts if p)
+
+
+def misfit(tokenizer, vocab_size: int, exact: bool = False) -> str | None:
+  """What is wrong with `tokenizer` for a model embedding `vocab_size` ids,
+  or None where it fits: the one check of "the tokenizer fits the model",
+  whose callers say whose tokenizer and what to do.
+
+  Args:
+    tokenizer: anything with a `vocab_size` (a `Tokenizer`).
+    vocab_size: rows of the model's embedding table.
+    exact: the table is sized for this tokenizer (a run that creates the
+      model), so fewer pieces are as wrong as more.
+
+  Returns:
+    e.g. "has 300 pieces but the model embeds 50 ids ([0, 49]), so its ids
+    from 50 on would be misread", or None.
+  """
+  n = tokenizer.vocab_size
+  if n > vocab_size:
+    return (f"has {n} pieces but the model embeds {vocab_size} ids "
+            f"([0, {vocab_size - 1}]), so its ids from {vocab_size} on "
+            "would be misread")
+  if exact and n != vocab_size:
+    return (f"has {n} pieces but the model embeds {vocab_size} ids, so "
+            f"{vocab_size - n} rows of its table would never be read")
+  return None

@@ -144,7 +144,8 @@ def test_forward_refuses_ids_the_model_cannot_embed(classifier, tmp_path):
       vocab + 50, output=str(tok_dir / "spiece.model"), seed=0)
   with pytest.raises(CheckpointError, match=re.escape(
       f"{copy}/tokenizer has {big.vocab_size} pieces but the model embeds "
-      f"{vocab}: it is not the vocabulary this run featurized with; restore "
+      f"{vocab} ids ([0, {vocab - 1}]), so its ids from {vocab} on would be "
+      "misread: it is not the vocabulary this run featurized with; restore "
       "the run's own tokenizer/.")):
     albert_jax.load_pretrained(str(copy))
 

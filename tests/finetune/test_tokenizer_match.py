@@ -29,8 +29,10 @@ def test_more_pieces_than_the_embedding_is_refused(tiny_spm):
     start.check_tokenizer(big, None, MODEL, "t5.model", "/ckpt")
   assert str(e.value) == (
       f"config.data.tokenizer t5.model has {big.vocab_size} pieces but the "
-      "checkpoint /ckpt embeds 300; use the tokenizer it was pre-trained with "
-      "(leave config.data.tokenizer empty where the checkpoint has one).")
+      "model embeds 300 ids ([0, 299]), so its ids from 300 on would be "
+      "misread (the checkpoint /ckpt); use the tokenizer it was pre-trained "
+      "with (leave config.data.tokenizer empty where the checkpoint has "
+      "one).")
 
 
 def test_same_size_other_pieces_is_refused_and_the_same_passes(tiny_spm):

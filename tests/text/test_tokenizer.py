@@ -20,6 +20,7 @@ import pytest
 
 from albert_jax.text import documents as docs_lib
 from albert_jax.text import preprocess
+from albert_jax.text import tokenizer as tokenizer_lib
 from albert_jax.text import train as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
@@ -129,6 +130,22 @@ def test_encode_matches_hf_albert(trained, heldout, tmp_path, lower, accents):
       n_split += 1
   # The digit-comma split must really have been exercised.
   assert n_split >= 1
+
+
+def test_misfit_is_the_one_fits_the_model_check(trained):
+  """Every caller (pre-training, fine-tuning, prediction, the loaded
+  encoder) words its refusal around this: more pieces than the model
+  embeds never fit; fewer fit a loaded model, not a run that sizes the
+  model for the tokenizer."""
+  n = trained.vocab_size
+  assert tokenizer_lib.misfit(trained, n) is None and tokenizer_lib.misfit(trained, n, exact=True) is None
+  assert tokenizer_lib.misfit(trained, n + 5) is None
+  assert tokenizer_lib.misfit(trained, n - 1) == (
+      f"has {n} pieces but the model embeds {n - 1} ids ([0, {n - 2}]), so "
+      f"its ids from {n - 1} on would be misread")
+  assert tokenizer_lib.misfit(trained, n + 5, exact=True) == (
+      f"has {n} pieces but the model embeds {n + 5} ids, so 5 rows of its "
+      "table would never be read")
 
 
 def test_digit_comma_split(trained):
