@@ -128,8 +128,8 @@ class PackedBatches(_Steps):
   """Training batches of packed rows, a pure function of (seed, step).
 
   Epoch e packs the examples in the order of permutation (seed, e)
-  (`packing.pack`, up to `per_row` a row); the epochs' rows follow each
-  other, and global step s takes rows s·R … s·R+R−1 of them, R =
+  (`packing.pack`, up to `per_row` a row) and shuffles the rows; the
+  epochs' rows follow each other, and global step s takes rows s·R … s·R+R−1 of them, R =
   `packing.rows_per_step` (from epoch 0's packing: the rows that hold
   `batch_size` examples on average, a multiple of `multiple`). Epochs pack
   to slightly different row counts; a resumed run recomputes them.
@@ -162,10 +162,14 @@ class PackedBatches(_Steps):
 
   @functools.lru_cache(maxsize=2)
   def _epoch(self, epoch: int) -> dict[str, np.ndarray]:
-    order = np.random.default_rng([self.seed, epoch]).permutation(
-        self.num_examples)
-    return packing.pack({k: v[order] for k, v in self.features.items()},
+    rng = np.random.default_rng([self.seed, epoch])
+    order = rng.permutation(self.num_examples)
+    rows = packing.pack({k: v[order] for k, v in self.features.items()},
                         self.per_row, self.token_keys)
+    # Packing puts the longest examples' rows first: shuffled, a step's rows
+    # are no longer ordered by length.
+    shuffle = rng.permutation(len(rows["input_ids"]))
+    return {k: v[shuffle] for k, v in rows.items()}
 
   def padding_fraction(self) -> float:
     """The share of epoch 0's positions that are padding."""

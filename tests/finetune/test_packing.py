@@ -64,32 +64,32 @@ def _examples(lengths, t=T, seed=0):
 def test_pack_by_hand():
   ex = _examples([5, 9, 3, 7, 16])
   p = packing.pack(ex, 3)
-  # First fit: [0, 1] (14 of 16), 2 fits nowhere open... 3 tokens fit row
-  # 0? 5 + 9 + 3 = 17 > 16: a new row [2, 3] (10), then 16 alone.
+  # First fit decreasing: 16 fills row 0; 9 opens row 1 and 7 fills it;
+  # 5 opens row 2 and 3 joins it (8 positions left).
   np.testing.assert_array_equal(p["slot_index"],
-                                [[0, 1, -1], [2, 3, -1], [4, -1, -1]])
+                                [[4, -1, -1], [1, 3, -1], [0, 2, -1]])
   np.testing.assert_array_equal(p["cls_positions"],
-                                [[0, 5, 0], [0, 3, 0], [0, 0, 0]])
-  np.testing.assert_array_equal(p["attention_mask"][0],
-                                [1] * 5 + [2] * 9 + [0] * 2)
-  np.testing.assert_array_equal(p["input_ids"][0, 5:14],
-                                ex["input_ids"][1, :9])
-  np.testing.assert_array_equal(p["token_type_ids"][1, 3:10],
-                                ex["token_type_ids"][3, :7])
-  np.testing.assert_array_equal(p["labels"], [[0, 1, 0], [2, 0, 0],
-                                              [1, 0, 0]])
-  np.testing.assert_array_equal(p["slot_weights"], [[1, 1, 0], [1, 1, 0],
-                                                    [1, 0, 0]])
+                                [[0, 0, 0], [0, 9, 0], [0, 5, 0]])
+  np.testing.assert_array_equal(p["attention_mask"][1], [1] * 9 + [2] * 7)
+  np.testing.assert_array_equal(p["attention_mask"][2],
+                                [1] * 5 + [2] * 3 + [0] * 8)
+  np.testing.assert_array_equal(p["input_ids"][1, 9:16],
+                                ex["input_ids"][3, :7])
+  np.testing.assert_array_equal(p["token_type_ids"][2, 5:8],
+                                ex["token_type_ids"][2, :3])
+  np.testing.assert_array_equal(p["labels"], [[1, 0, 0], [1, 0, 0],
+                                              [0, 2, 0]])
+  np.testing.assert_array_equal(p["slot_weights"], [[1, 0, 0], [1, 1, 0],
+                                                    [1, 1, 0]])
   assert packing.padding_fraction(p) == pytest.approx(1 - 40 / 48)
   assert packing.padding_fraction(ex) == pytest.approx(1 - 40 / 80)
   # A tagger's per-token labels are laid out as the tokens, padding -1.
   ex["tags"] = np.where(ex["attention_mask"] > 0,
                         np.arange(5)[:, None] * 100 + np.arange(T), -1)
   p = packing.pack(ex, 3, token_keys=("tags",))
+  np.testing.assert_array_equal(p["tags"][0], list(range(400, 416)))
   np.testing.assert_array_equal(
-      p["tags"][0], list(range(5)) + list(range(100, 109)) + [-1] * 2)
-  np.testing.assert_array_equal(
-      p["tags"][1], list(range(200, 203)) + list(range(300, 307)) + [-1] * 6)
+      p["tags"][2], list(range(5)) + list(range(200, 203)) + [-1] * 8)
   assert "tags" in packing.packed_features(
       {"input_ids": ((T,), np.int32), "tags": ((T,), np.int32)}, 3,
       ("tags",)) and packing.packed_features(
@@ -187,6 +187,15 @@ def test_each_epoch_is_packed_afresh_and_holds_every_example_once():
     assert sorted(seen[epoch]) == list(range(50)), epoch
   # Which examples share a row changes from epoch to epoch.
   assert set(rows_of[0]) != set(rows_of[1]) != set(rows_of[2])
+  # Packing fills the longest examples' rows first; an epoch's rows are
+  # shuffled, so its steps are not ordered by how full their rows are.
+  fill = np.count_nonzero(batches._epoch(0)["attention_mask"], axis=1)  # pylint: disable=protected-access
+  assert list(fill) != sorted(fill, reverse=True)
+  unshuffled = packing.pack(
+      {k: v[np.random.default_rng([0, 0]).permutation(50)]
+       for k, v in batches.features.items()}, batches.per_row)
+  assert sorted(fill) == sorted(np.count_nonzero(
+      unshuffled["attention_mask"], axis=1))
   # A step holds batch_size (12) examples on average over the epochs.
   assert 3 * 50 / (3 * per_epoch / r) == pytest.approx(12, rel=0.25)
 
@@ -243,17 +252,20 @@ def test_packed_rows_give_each_example_its_own_outputs_loss_and_grads(
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5,
                                rtol=1e-4)
 
-  # No example sees another: change example 1's tokens (row 0, slot 1) and
-  # every other example's logits stay as they were.
+  # No example sees another: change the tokens (all but its [CLS]) of the
+  # second example of a row that holds several, and every other example's
+  # logits stay as they were.
+  row = int(np.flatnonzero(packed["slot_index"][:, 1] >= 0)[0])
+  victim = packed["slot_index"][row, 1]
   changed = {k: v.copy() for k, v in packed.items()}
-  at = changed["cls_positions"][0, 1]
-  changed["input_ids"][0, at + 1:at + 9] = 7
+  at = changed["cls_positions"][row, 1]
+  changed["input_ids"][row, at + 1:at + lengths[victim]] = 7
   other = packing.unpack(
       {"logits": np.asarray(apply(many.model, changed)["logits"])},
       packed, len(lengths))["logits"]
-  keep = np.arange(len(lengths)) != 1
+  keep = np.arange(len(lengths)) != victim
   np.testing.assert_allclose(other[keep], back[keep], atol=1e-6)
-  assert not np.allclose(other[1], back[1])
+  assert not np.allclose(other[victim], back[victim])
 
 
 def _race():

@@ -634,7 +634,8 @@ def test_token_classification_round_trip(tmp_path, tiny_spm):
   result = ft.run(config, str(tmp_path / "work"))
   assert {"eval_precision", "eval_recall", "eval_f1",
           "eval_accuracy"} <= set(result)
-  model = albert_jax.load_pretrained(str(tmp_path / "work"))
+  # The prediction file comes from the best checkpoint.
+  model = albert_jax.load_pretrained(str(tmp_path / "work"), "best")
   assert (model.task_type, model.labels) == (
       "token_classification", ("O", "B-LOC", "B-PER", "I-PER"))
   lines = (tmp_path / "work" / "predictions" / "eval_predictions.txt"
@@ -652,4 +653,4 @@ def test_token_classification_round_trip(tmp_path, tiny_spm):
   # the tags are those of one sentence a row.
   assert model.pack == 8
   assert [g["tags"] for g in predict_lib.load(
-      str(tmp_path / "work"), pack=0).predict(sentences)] == want
+      str(tmp_path / "work"), "best", pack=0).predict(sentences)] == want
