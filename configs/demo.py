@@ -43,6 +43,10 @@ def get_config(arg=None):
       warmup_steps=max(steps // 10, 1), learning_rate=5e-3,
       max_seq_length=128, max_predictions=20)
   c.data.dupe_factor = 2
+  # Up to 3 instances a row, each with its own [CLS], positions and sentence
+  # label: one a row, ALBERT's 10% short instances leave 6.9% of the
+  # positions padding; packed, 0.4% (BENCHMARKS.md, packed pre-training).
+  c.data.pack = 3
   # task=source's sentences come from the documents held out at exactly this
   # fraction (bundled/scripts/build_corpus_source.py): change it and the
   # pre-training may see some of them.
