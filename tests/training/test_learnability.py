@@ -28,8 +28,9 @@ uniformly (see its test): with the sampling ELECTRA trains with, the
 generator learns what a tiny discriminator could check before the
 discriminator learns to check it, and leaves nothing detectable.
 
-Time per test (2 busy CPU cores) is in each test's comment. The masked LM
-case runs in the default suite; the others are in the long tier
+Time per test (2 busy CPU cores) is in each test's comment. The packed
+sentence-order case (held-out SOP and MLM, several instances a row, as the
+demo trains) runs in the default suite; the others are in the long tier
 (`pytest -m long`, tests/conftest.py), minutes together on 2 cores.
 """
 
@@ -253,6 +254,7 @@ def test_next_sentence_is_learned(tmp_path):
   assert final["eval_sop_accuracy"] >= 0.95, final
 
 
+@pytest.mark.long
 def test_masked_lm_learns_a_deterministic_grammar(tmp_path):
   """Held-out MLM accuracy >= 0.9 on the successor grammar (the unigram
   baseline is 1/52).
@@ -362,7 +364,6 @@ def test_electra_discriminator_finds_replaced_tokens(tmp_path):
   assert final["eval_rtd_accuracy"] >= baseline + 0.08, (baseline, final)
 
 
-@pytest.mark.long
 def test_sentence_order_is_learned_from_packed_rows(tmp_path):
   """The SOP case with data.pack=3: several instances per row, each scored
   at its own [CLS]. Held-out SOP >= 0.95 and MLM well above the unigram
