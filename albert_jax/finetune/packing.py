@@ -17,11 +17,10 @@ put the predictions back in the examples' order: a slot's output, or an
 example's tokens' outputs (`token_slots` tells a loss which example a
 token belongs to).
 
-Rows are filled first-fit decreasing: the longest example first, each into
-the first of the last `OPEN_ROWS` rows it fits, else a new row;
-deterministic, linear in the number of examples, and tighter than taking
-the examples in their own order where the set is small (a few dozen short
-texts leave less padding in their last rows). Rows come longest-first; the
+Rows are filled best-fit decreasing: the longest example first, each into
+the open row it fills most tightly, else a new row; deterministic, and
+about linear in the number of examples (open rows are kept by free space,
+a bitmask finds the tightest in one step). Rows come longest-first; the
 training batches shuffle them (`batching.PackedBatches`), and predictions
 go back to the examples' order (`unpack`).
 A packed batch's loss is the mean over its real examples, as an unpacked
@@ -44,8 +43,6 @@ TOKEN_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 # What packing adds to a row.
 CLS, SLOT_WEIGHTS, SLOT_INDEX = ("cls_positions", "slot_weights",
                                  "slot_index")
-# Rows still considered for an example (first-fit over a window).
-OPEN_ROWS = 64
 MAX_PER_ROW = 255
 # K where `config.data.pack` is unset and the task packs: room for short
 # texts (the bundled task's rows hold about 4 at seq 128; GLUE's
@@ -103,22 +100,32 @@ def packed_features(features: dict[str, tuple[tuple[int, ...], Any]],
 
 def _assign(lengths: np.ndarray, t: int, per_row: int
             ) -> list[list[int]]:
-  """Examples (by index) of each row: first fit over the open rows, the
-  longest example first (ties in the examples' order)."""
+  """Examples (by index) of each row: best fit decreasing. The longest
+  example goes first (ties in the examples' order), each into the open row
+  with the least room that holds it (ties: the row opened last), else a
+  new row; a row closes when full or holding `per_row`."""
   rows: list[list[int]] = []
-  free: list[int] = []  # positions left in each row
-  start = 0  # rows before this are closed
+  # open[f]: rows with f positions free, a stack; bit f of `has` is set
+  # while open[f] is not empty.
+  open_rows: list[list[int]] = [[] for _ in range(t + 1)]
+  has = 0
   for i in np.argsort(-lengths, kind="stable").tolist():
     n = int(lengths[i])
-    for r in range(start, len(rows)):
-      if free[r] >= n and len(rows[r]) < per_row:
-        rows[r].append(i)
-        free[r] -= n
-        break
+    room = has >> n  # bit k: a row with n + k free
+    if room:
+      f = n + (room & -room).bit_length() - 1
+      r = open_rows[f].pop()
+      if not open_rows[f]:
+        has &= ~(1 << f)
+      rows[r].append(i)
+      free = f - n
     else:
+      r = len(rows)
       rows.append([i])
-      free.append(t - n)
-      start = max(start, len(rows) - OPEN_ROWS)
+      free = t - n
+    if free and len(rows[r]) < per_row:
+      open_rows[free].append(r)
+      has |= 1 << free
   return rows
 
 
