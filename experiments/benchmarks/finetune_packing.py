@@ -6,7 +6,10 @@ corpus a sentence comes from, `spam`: SpamAssassin e-mails), its training
 rows featurized as the files task does, then the same jitted train step
 (`finetune.run`'s: `FineTuneSpec`, `TaskObjective`, `make_train_step`) timed
 on batches of one example a row and of up to K (`--pack`, default 8)
-examples a row, taking turns. Reported per layout: padding share of the
+examples a row, taking turns. `--task short` is a file of texts as short as
+a GLUE single-sentence task's (SST-2 and CoLA sentences run to a few dozen
+words): the bundled corpus's sentences, each cut to 3-25 words, labelled
+with their corpus. Reported per layout: padding share of the
 batches, ms a step, rows/s and real examples/s, and the speed-up in
 examples/s. Then the same for prediction (the eval step on all rows).
 
@@ -15,12 +18,15 @@ them. The vocabulary is a 5000-piece SentencePiece model trained on the
 bundled corpus as the demo trains it (`--tokenizer` to give one).
 
   python experiments/benchmarks/finetune_packing.py --task source
+  python experiments/benchmarks/finetune_packing.py --task short
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import gzip
 import os
 import platform
 import statistics
@@ -48,7 +54,9 @@ from albert_jax.training import state as state_lib
 from albert_jax.training import step as step_lib
 
 TASKS = {"source": "bundled/labeled/corpus_source.tsv.gz",
-         "spam": "bundled/labeled/spam_assassin.tsv.gz"}
+         "spam": "bundled/labeled/spam_assassin.tsv.gz",
+         "short": None}  # written by `_short_file`
+SHORT_PER_CORPUS = 1000  # sentences of each bundled corpus in `short`
 
 
 def _tokenizer(path: str | None, workdir: str) -> Tokenizer:
@@ -59,9 +67,34 @@ def _tokenizer(path: str | None, workdir: str) -> Tokenizer:
       workdir, "spiece.model"), num_threads=os.cpu_count() or 1)
 
 
+def _short_file(workdir: str) -> str:
+  """`--task short`'s file: from each bundled corpus, its first
+  SHORT_PER_CORPUS sentences of 3 or more words, each cut to 3-25 words
+  (uniform, seeded), labelled with the corpus's name."""
+  rng = np.random.default_rng(0)
+  path = os.path.join(workdir, "short.tsv")
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    out = csv.writer(f, delimiter="\t", lineterminator="\n")
+    out.writerow(["text", "label"])
+    for corpus in documents.expand_paths(documents.corpus_pattern("bundled")):
+      label = os.path.basename(corpus).split(".")[0]
+      taken = 0
+      with gzip.open(corpus, "rt", encoding="utf-8") as lines:
+        for line in lines:
+          words = line.split()
+          if len(words) < 3:
+            continue
+          out.writerow([" ".join(words[:rng.integers(3, 26)]), label])
+          taken += 1
+          if taken == SHORT_PER_CORPUS:
+            break
+  return path
+
+
 def _task(name: str, workdir: str):
   """The files task on the whole labelled file (all rows train)."""
-  source = os.path.join(os.path.dirname(data_lib.__file__), TASKS[name])
+  source = (_short_file(workdir) if name == "short" else
+            os.path.join(os.path.dirname(data_lib.__file__), TASKS[name]))
   parts = data_files.split_file(source, os.path.join(workdir, "split"),
                                 (0.98, 0.01, 0.01))
   data = {"train_file": parts["train"]["path"],
