@@ -19,8 +19,10 @@ text:
     "end"}], "words", "tags"}.
 
 Inputs are featurized exactly as the task featurized its data, padded to
-its `max_seq_length` and run in fixed-size batches, so a model's
-predictions on its own eval rows are the run's eval predictions. What
+its `max_seq_length`, packed several to a row where the task type packs
+(`FineTuned.pack`: each input's outputs are its outputs alone, within
+float rounding) and run in fixed-size batches, so a model's predictions on
+its own eval rows are the run's eval predictions. What
 differs by task type (its task.json fields, head, inputs and predictions)
 is the type's own (`albert_jax.finetune.task_type`), reached through
 `registry.task_type`.
