@@ -23,6 +23,13 @@ in DIR/NAME/sweep_args.json: a rerun whose arguments for a done trial
 differ (other `--` overrides, another base config) is refused, naming the
 difference, as its table would mix trials of two setups.
 
+`--parallel=N` runs N trials at once, each a process seeing every device
+of the host (with 1/N of an accelerator's memory); `--devices_per_trial=K`
+gives each running trial K devices of its own instead, the host's GPUs or
+TPU chips split into groups (albert_jax/tools/device_groups.py), with
+`--parallel` defaulting to the number of groups. Each trial's log then
+starts with the devices it ran on.
+
 DIR is local (`~` expanded) or gs://BUCKET/PATH. Under gs:// a trial logs
 into ./sweep_logs/NAME.log while it runs (followed live on a terminal) and
 the log is copied to DIR/NAME/sweep.log when it ends. Sweep and config files
@@ -40,6 +47,7 @@ import inspect
 import itertools
 import json
 import os
+import queue
 import re
 import shlex
 import subprocess
@@ -51,6 +59,7 @@ from etils import epath
 
 from albert_jax import hints
 from albert_jax import storage
+from albert_jax.tools import device_groups
 
 Trial = dict[str, Any]
 
@@ -270,15 +279,24 @@ def read_metrics(workdir: str) -> dict | None:
 
 
 def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str,
-              env: Mapping[str, str] | None = None, live: bool | None = None):
+              env: Mapping[str, str] | None = None, live: bool | None = None,
+              devices: str | None = None):
   """Runs `cmd` into `log` (a live line on a terminal unless `live` is
-  False); (status, metrics). `env` adds to the environment."""
+  False); (status, metrics). `env` adds to the environment. `devices`
+  ("GPUs 2,3"), where `env` pins the trial to them: the log's first line
+  names them and the variables set, so the record says where it ran."""
   log.parent.mkdir(parents=True, exist_ok=True)
-  print(f"{prefix}: running, log in {log}", flush=True)
+  on = f" on {devices}" if devices else ""
+  print(f"{prefix}: running{on}, log in {log}", flush=True)
   start = time.time()
   live = sys.stdout.isatty() if live is None else live
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+  added = dict(env or {})
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", **added}
   with log.open("wb") as f, log.open("rb") as r:
+    if devices:
+      f.write(f"devices: {devices}; ".encode() + " ".join(
+          f"{k}={v}" for k, v in added.items()).encode() + b"\n")
+      f.flush()
     proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     while (proc.poll() if live else proc.wait()) is None:
       time.sleep(0.2)
@@ -303,17 +321,39 @@ def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str,
   return "failed", metrics
 
 
-def _run_all(todo, parallel: int, status: dict, metrics: dict) -> None:
+def _run_all(todo, parallel: int, status: dict, metrics: dict,
+             devices: device_groups.DeviceGroups | None = None) -> None:
   """Runs the trials of `todo` [(name, run_trial args)], `parallel` at once,
-  filling `status` and `metrics`."""
-  if parallel == 1:
+  filling `status` and `metrics`.
+
+  Without `devices` every trial sees every device, with 1/parallel of an
+  accelerator's memory. With them a trial takes a free group from a queue,
+  is pinned to it, and puts it back when it ends: one trial per group at any
+  time, whatever `parallel` is (more than the groups would only wait).
+  """
+  if parallel == 1 and devices is None:
     for name, trial_args in todo:
       status[name], metrics[name] = run_trial(*trial_args)
     return
-  env = ({} if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ else
-         {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"})
+  if devices is None:
+    env = ({} if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ else
+           {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"})
+    def run(trial_args):
+      return run_trial(*trial_args, env=env, live=False)
+  else:
+    free = queue.SimpleQueue()
+    for group in range(len(devices.groups)):
+      free.put(group)
+    def run(trial_args):
+      group = free.get()
+      try:
+        return run_trial(*trial_args, env=devices.env(group),
+                         live=None if parallel == 1 else False,
+                         devices=devices.label(group))
+      finally:
+        free.put(group)
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-    futures = {name: pool.submit(run_trial, *trial_args, env=env, live=False)
+    futures = {name: pool.submit(run, trial_args)
                for name, trial_args in todo}
     for name, future in futures.items():
       status[name], metrics[name] = future.result()
@@ -352,9 +392,11 @@ def _parse(argv):
   add("--results_only", action="store_true", help="Only write results.md.")
   add("--main_module", default="albert_jax.main", help="Module run per trial, "
       "or a script path ending in .py.")
-  add("--parallel", type=int, default=1, help="Trials run at once (one "
-      "process each; on one accelerator each gets 1/N of its memory, "
-      "through XLA_PYTHON_CLIENT_MEM_FRACTION unless that is set).")
+  add("--parallel", type=int, help="Trials run at once (one process each; "
+      "default 1, or with --devices_per_trial one per device group; without "
+      "it each gets 1/N of an accelerator's memory, through "
+      "XLA_PYTHON_CLIENT_MEM_FRACTION unless that is set).")
+  device_groups.add_flags(p)
   split = argv.index("--") if "--" in argv else len(argv)
   return p.parse_args(argv[:split]), argv[split + 1:]
 
@@ -371,7 +413,8 @@ def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
                extra: Iterable[str] = (), parallel: int = 1,
                main_module: str = "albert_jax.main",
                print_commands: bool = False, launcher: str = "local",
-               results_only: bool = False
+               results_only: bool = False,
+               devices: device_groups.DeviceGroups | None = None
                ) -> tuple[dict[str, str], dict[str, dict | None]]:
   """Runs every trial that is not done, `parallel` at a time.
 
@@ -379,6 +422,8 @@ def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
     trials: name → (base config spec, overrides); each runs in ROOT/NAME
       with `extra` arguments after its own.
     root: the trials' parent directory (local or gs://).
+    devices: the host's device groups (`device_groups.plan`): each running
+      trial pinned to one of its own; None: every trial sees every device.
     print_commands, launcher: print one command per trial (done ones
       commented out) and run nothing.
     results_only: run nothing; read what is done.
@@ -432,16 +477,25 @@ def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
     storage.path(workdir).mkdir(parents=True, exist_ok=True)
     storage.write_atomic(storage.path(workdir) / ARGS_FILE, json.dumps(
         _recorded_args(cmd[len(launch):])))
-  _run_all(todo, parallel, status, metrics)
+  _run_all(todo, parallel, status, metrics, devices)
   return status, metrics
 
 
 def main(argv: list[str] | None = None) -> int:
   args, extra = _parse(sys.argv[1:] if argv is None else argv)
-  if args.parallel < 1:
+  if args.parallel is not None and args.parallel < 1:
     print(f"sweep: --parallel={args.parallel}; give 1 (one trial after "
           "another) or more.", file=sys.stderr)
     return 2
+  parallel, devices = args.parallel or 1, None
+  if not args.results_only:  # which runs nothing: no devices to split
+    try:
+      parallel, devices = device_groups.plan(
+          args.devices_per_trial, args.parallel, args.platform,
+          args.num_devices, print_commands=args.print_commands)
+    except device_groups.DeviceGroupError as e:
+      print(f"sweep: {e}", file=sys.stderr)
+      return 2
   root = os.fspath(storage.path(args.workdir_root.rstrip("/") or "/"))
   try:
     config, trials = load_sweep(args.sweep, args.config)
@@ -449,9 +503,9 @@ def main(argv: list[str] | None = None) -> int:
                               for a in extra if a.startswith("--config.")])
     status, metrics = run_trials(
         {name: (config, trial) for name, trial in trials.items()}, root,
-        extra=extra, parallel=args.parallel, main_module=args.main_module,
+        extra=extra, parallel=parallel, main_module=args.main_module,
         print_commands=args.print_commands, launcher=args.launcher,
-        results_only=args.results_only)
+        results_only=args.results_only, devices=devices)
   except SweepError as e:
     print(f"sweep: {e}", file=sys.stderr)
     return 2

@@ -2,9 +2,13 @@
 
 The local runs launch a fake trainer (a short script written by the tests,
 given with --main_module) that records its arguments and writes
-final_metrics.json, so a whole sweep takes well under a second.
+final_metrics.json, so a whole sweep takes well under a second. It also
+records when it ran and the device-pinning variables it was given, from
+which the device-group tests check that no two trials held one group at
+once (the groups of a fake host said with --platform and --num_devices).
 """
 
+import collections
 import json
 import os
 import re
@@ -14,12 +18,20 @@ import textwrap
 
 import pytest
 
+from albert_jax.tools import device_groups
 from albert_jax.tools import sweep
 from locations import REPO
 
 
-FAKE_MAIN = textwrap.dedent("""\
+# The variables that pin a trial to devices (device_groups.py).
+PINS = ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS",
+        "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+        "TPU_PROCESS_PORT", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+FAKE_MAIN = f"PINS = {PINS!r}\n" + textwrap.dedent("""\
     import json, os, sys, time
+    start = time.time()
     args = dict(a.split("=", 1) for a in sys.argv[1:])
     workdir = args["--workdir"]
     os.makedirs(workdir, exist_ok=True)
@@ -41,6 +53,9 @@ FAKE_MAIN = textwrap.dedent("""\
     with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
       json.dump({"step": 30, "eval_mlm_accuracy": lr * 100,
                  "eval_sop_accuracy": 0.5}, f)
+    with open(os.path.join(workdir, "devices.json"), "w") as f:
+      json.dump({"start": start, "end": time.time(), "env": {
+          k: os.environ.get(k) for k in PINS}}, f)
     print("fake main done")
     """)
 
@@ -368,7 +383,8 @@ def test_a_rerun_with_other_arguments_is_refused_naming_them(env, capsys):
 def test_parallel_trials_overlap_and_share_accelerator_memory(
     env, capsys, monkeypatch):
   monkeypatch.setenv("FAKE_SLEEP", "1.5")
-  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  for name in PINS:
+    monkeypatch.delenv(name, raising=False)
   root, path = env["root"], _lr_sweep(env, [0.001, 0.002, 0.003])
   start = __import__("time").time()
   assert sweep.main([path, f"--workdir_root={root}", "--parallel=3",
@@ -380,6 +396,9 @@ def test_parallel_trials_overlap_and_share_accelerator_memory(
   assert max(s[0] for s in starts) - min(s[0] for s in starts) < 1.5
   assert took < 3 * 1.5
   assert {s[1] for s in starts} == {"0.300"}  # 0.9 / 3 each
+  # Without --devices_per_trial no trial is pinned to devices.
+  assert [r["env"] for r in _pinned(root)] == 3 * [
+      {**dict.fromkeys(PINS), "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.300"}]
   out = capsys.readouterr().out
   assert out.count(": ok in ") == 3
   assert "| 0.003 | 30 | 0.3 | 0.5 |" in (root / "results.md").read_text()
@@ -394,6 +413,204 @@ def test_parallel_trials_overlap_and_share_accelerator_memory(
   assert sweep.main([path, f"--workdir_root={root}", "--parallel=0"]) == 2
   assert capsys.readouterr().err == (
       "sweep: --parallel=0; give 1 (one trial after another) or more.\n")
+
+
+# Device groups: one per running trial.
+
+
+def _pinned(root):
+  """Each trial's devices.json: when it ran and what pinned it."""
+  return [json.loads(p.read_text())
+          for p in sorted(root.glob("*/devices.json"))]
+
+
+def _trials_per_group(runs, key):
+  """group → trials that ran on it, after checking that no two of them
+  overlapped in time (each child's own start and end)."""
+  spans = collections.defaultdict(list)
+  for run in runs:
+    spans[run["env"][key]].append((run["start"], run["end"]))
+  for group, times in spans.items():
+    times.sort()
+    for (_, end), (start, _) in zip(times, times[1:]):
+      assert end <= start, f"two trials at once on {group}"
+  return {group: len(times) for group, times in spans.items()}
+
+
+@pytest.fixture(name="no_pins")
+def fixture_no_pins(monkeypatch):
+  """No pinning inherited from the test's own environment."""
+  for name in PINS:
+    monkeypatch.delenv(name, raising=False)
+
+
+def test_device_group_environments_for_gpus_and_tpu_chips():
+  gpus = device_groups.DeviceGroups("gpu", tuple("01234567"), 2)
+  assert [gpus.env(g) for g in range(4)] == [
+      {"CUDA_VISIBLE_DEVICES": ids} for ids in ("0,1", "2,3", "4,5", "6,7")]
+  assert gpus.label(3) == "GPUs 6,7"
+  assert gpus.describe() == "4 groups of 2 of 8 GPUs"
+  # A v4-8 (4 chips) in pairs: each a 1x2 slice of its own, its own port.
+  v4 = device_groups.DeviceGroups("tpu", tuple("0123"), 2)
+  assert v4.env(1) == {
+      "TPU_VISIBLE_CHIPS": "2,3", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,2,1",
+      "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": "8477",
+      "TPU_PROCESS_ADDRESSES": "localhost:8477", "CLOUD_TPU_TASK_ID": "0",
+      "ALLOW_MULTIPLE_LIBTPU_LOAD": "true"}
+  assert v4.env(0)["TPU_PROCESS_ADDRESSES"] == "localhost:8476"
+  # A v5e-8 (8 chips): halves of 2x2, single chips, the whole host.
+  def v5e(k):
+    return device_groups.DeviceGroups("tpu", tuple("01234567"), k)
+  assert v5e(4).env(1)["TPU_VISIBLE_CHIPS"] == "4,5,6,7"
+  assert v5e(4).env(1)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,2,1"
+  assert [v5e(1).env(g)["TPU_VISIBLE_CHIPS"] for g in range(8)] == list(
+      "01234567")
+  assert v5e(1).env(7)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,1,1"
+  assert v5e(1).env(7)["TPU_PROCESS_PORT"] == "8483"
+  assert v5e(8).env(0)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,4,1"
+  assert v5e(1).label(0) == "TPU chip 0"
+
+
+def test_devices_are_counted_without_claiming_them(tmp_path):
+  smi = tmp_path / "nvidia-smi"
+  smi.write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do "
+                 "echo \"GPU $i: NVIDIA H200 (UUID: GPU-$i)\"; done\n")
+  smi.chmod(0o755)
+  dev, proc = tmp_path / "dev", tmp_path / "proc"
+  dev.mkdir()
+  probe = dict(environ={}, dev=str(dev), proc=str(proc), nvidia_smi=str(smi))
+  parallel, groups = device_groups.plan(2, None, **probe)
+  assert (parallel, groups.platform, groups.groups) == (
+      4, "gpu", [("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")])
+  # A parent's CUDA_VISIBLE_DEVICES narrows them; --num_devices takes the
+  # first N.
+  narrowed = {**probe, "environ": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}
+  assert device_groups.plan(2, None, **narrowed)[1].groups == [
+      ("4", "5"), ("6", "7")]
+  assert device_groups.plan(2, None, num_devices=6, **probe)[0] == 3
+  # No nvidia-smi: the driver's /proc entries.
+  probe["nvidia_smi"] = str(tmp_path / "none")
+  (proc / "driver" / "nvidia" / "gpus" / "0000:01:00.0").mkdir(parents=True)
+  assert device_groups.local_devices(**probe) == ("gpu", ["0"])
+  # TPU chips: /dev/accelN (a v4-8), else /dev/vfio's numbered groups
+  # (a v5e-8).
+  probe["proc"] = str(tmp_path / "noproc")
+  for i in range(4):
+    (dev / f"accel{i}").touch()
+  (dev / "null").touch()
+  parallel, groups = device_groups.plan(2, None, **probe)
+  assert (parallel, groups.platform) == (2, "tpu")
+  assert groups.env(1)["TPU_VISIBLE_CHIPS"] == "2,3"
+  for i in range(4):
+    (dev / f"accel{i}").unlink()
+  (dev / "vfio").mkdir()
+  for name in [*map(str, range(8)), "vfio"]:
+    (dev / "vfio" / name).touch()
+  assert device_groups.local_devices(**probe) == ("tpu", list("01234567"))
+  # None: CPU only.
+  (dev / "vfio").rename(dev / "other")
+  with pytest.raises(device_groups.DeviceGroupError) as e:
+    device_groups.plan(1, None, **probe)
+  assert str(e.value) == (
+      "--devices_per_trial needs an accelerator and none was found here (no "
+      "NVIDIA GPU in nvidia-smi -L or /proc/driver/nvidia/gpus, no TPU chip "
+      "in /dev/accel* or /dev/vfio); on CPU a trial cannot be pinned to "
+      "devices: run trials with --parallel alone.")
+  # The commands that run trials never import JAX, which would hold the
+  # chips their trials need.
+  loaded = subprocess.run(
+      [sys.executable, "-c", "import sys; from albert_jax.tools import "
+       "downstream, sweep; print([m for m in ('jax', 'jaxlib') "
+       "if m in sys.modules])"], capture_output=True, text=True, check=True,
+      cwd=REPO)
+  assert loaded.stdout == "[]\n"
+
+
+def test_device_group_refusals_are_one_line(env, capsys, no_pins):
+  del no_pins
+  root, path = env["root"], _lr_sweep(env, [0.001])
+  gpus8 = ["--platform=gpu", "--num_devices=8"]
+  for more, message in (
+      (["--devices_per_trial=0"], "--devices_per_trial=0; give 1 or more "
+       "devices per trial."),
+      (["--devices_per_trial=16", *gpus8], "--devices_per_trial=16 is more "
+       "than the 8 GPUs here."),
+      (["--devices_per_trial=3", *gpus8], "--devices_per_trial=3 does not "
+       "divide the 8 GPUs here: 2 would sit idle; give one of 1, 2, 4, 8, or "
+       "--num_devices=6 to leave 2 idle."),
+      (["--devices_per_trial=3", "--platform=tpu", "--num_devices=6"],
+       "--devices_per_trial=3: a TPU trial takes 1, 2, 4 or 8 chips of a "
+       "host, the group shapes libtpu is given "
+       "(TPU_CHIPS_PER_PROCESS_BOUNDS)."),
+      (["--devices_per_trial=2", "--parallel=5", *gpus8], "--parallel=5 is "
+       "more than the 4 groups of 2 of 8 GPUs (--devices_per_trial=2); give "
+       "--parallel=4 or less, one trial per group at a time."),
+      (["--devices_per_trial=1", "--num_devices=0"], "--num_devices=0; give "
+       "1 or more."),
+      (["--num_devices=8"], "--platform and --num_devices say which devices "
+       "--devices_per_trial splits; give --devices_per_trial too."),
+      (["--devices_per_trial=2", "--print_commands", *gpus8],
+       "--devices_per_trial pins the trials this command runs, and with "
+       "--print_commands it runs none; leave one of them out.")):
+    assert sweep.main([path, f"--workdir_root={root}",
+                       f"--main_module={env['fake']}", *more]) == 2, more
+    assert capsys.readouterr().err == f"sweep: {message}\n"
+  assert not _calls(root)
+
+
+def test_trials_hold_disjoint_device_groups(env, capsys, monkeypatch,
+                                            no_pins):
+  """8 GPUs, 2 a trial: 4 groups, 4 trials at once, 6 in all."""
+  del no_pins
+  monkeypatch.setenv("FAKE_SLEEP", "0.5")
+  root = env["root"]
+  path = _lr_sweep(env, [0.001, 0.002, 0.003, 0.004, 0.005, 0.006])
+  assert sweep.main([path, f"--workdir_root={root}", "--devices_per_trial=2",
+                     "--platform=gpu", "--num_devices=8",
+                     f"--main_module={env['fake']}"]) == 0
+  out = capsys.readouterr().out
+  runs = _pinned(root)
+  assert len(runs) == 6 and out.count(": ok in ") == 6
+  per_group = _trials_per_group(runs, "CUDA_VISIBLE_DEVICES")
+  assert sorted(per_group) == ["0,1", "2,3", "4,5", "6,7"]
+  assert sorted(per_group.values()) == [1, 1, 2, 2]
+  # --parallel defaulted to the 4 groups: the first four ran together.
+  starts = sorted(r["start"] for r in runs)
+  assert starts[3] < min(r["end"] for r in runs)
+  # Each trial owns its devices' memory; nothing else is pinned.
+  assert {r["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] for r in runs} == {None}
+  assert {r["env"]["TPU_VISIBLE_CHIPS"] for r in runs} == {None}
+  # The log and the console say where each trial ran.
+  for trial in root.glob("*/devices.json"):
+    ids = json.loads(trial.read_text())["env"]["CUDA_VISIBLE_DEVICES"]
+    first = (trial.parent / "sweep.log").read_text().splitlines()[0]
+    assert first == f"devices: GPUs {ids}; CUDA_VISIBLE_DEVICES={ids}"
+    assert f"{trial.parent.name}: running on GPUs {ids}, log in " in out
+
+
+def test_five_trials_reuse_two_tpu_groups(env, monkeypatch, no_pins):
+  """A 4-chip TPU host, 2 chips a trial: 2 groups, handed on as trials end."""
+  del no_pins
+  monkeypatch.setenv("FAKE_SLEEP", "0.3")
+  root = env["root"]
+  path = _lr_sweep(env, [0.001, 0.002, 0.003, 0.004, 0.005])
+  assert sweep.main([path, f"--workdir_root={root}", "--devices_per_trial=2",
+                     "--platform=tpu", "--num_devices=4",
+                     f"--main_module={env['fake']}"]) == 0
+  runs = _pinned(root)
+  assert len(runs) == 5
+  per_group = _trials_per_group(runs, "TPU_VISIBLE_CHIPS")
+  assert sorted(per_group) == ["0,1", "2,3"]
+  assert sorted(per_group.values()) == [2, 3]
+  for run in runs:
+    chips = run["env"]["TPU_VISIBLE_CHIPS"]
+    port = {"0,1": "8476", "2,3": "8477"}[chips]
+    assert run["env"] == {
+        "CUDA_VISIBLE_DEVICES": None, "TPU_VISIBLE_CHIPS": chips,
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,2,1", "TPU_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_PORT": port, "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
+        "CLOUD_TPU_TASK_ID": "0", "ALLOW_MULTIPLE_LIBTPU_LOAD": "true",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": None}
 
 
 def test_failed_trials_are_reported_and_the_sweep_goes_on(env, capsys):
