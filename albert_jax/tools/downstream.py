@@ -31,6 +31,11 @@ WORKDIR_ROOT/TASK/seed=K, `--parallel` at a time; a trial with a
 final_metrics.json is done and skipped, so a rerun after a kill or a failure
 runs only what is missing (a killed trial resumes from its checkpoints),
 and a rerun with other arguments for a done trial is refused.
+`--devices_per_trial=K` runs each trial on K devices of its own, the
+host's GPUs or TPU chips split into groups, one trial per group at a time
+(`--parallel` defaults to the number of groups; see
+albert_jax/tools/device_groups.py); each trial's log starts with the
+devices it ran on.
 
 The report (WORKDIR_ROOT/report.md and report.json, printed at the end):
   * per task, the metrics the paper reports: MNLI-m/mm accuracy, QQP and
@@ -61,7 +66,7 @@ On a multi-host TPU slice every trial runs on all workers:
 `--print_commands --launcher=tpu > suite.sh && bash suite.sh` runs them
 with tpu_setup.sh, one after another, each on the whole slice (trials in
 gs://); the same command without --print_commands then finds them done and
-writes the report.
+writes the report. `--devices_per_trial` splits one host's devices only.
 
 Submission (WORKDIR_ROOT/submission): for each GLUE task, the test-set
 files of its median seed (GLUE's file names: CoLA.tsv, MNLI-m.tsv, ...,
@@ -85,6 +90,7 @@ from typing import Any, Mapping, Sequence
 
 from albert_jax import hints
 from albert_jax import storage
+from albert_jax.tools import device_groups
 from albert_jax.tools import sweep
 
 # configs/ sits beside the package in the repository.
@@ -414,8 +420,10 @@ def _parse(argv):
       "WORKDIR_ROOT/TASK/seed=K; the report and submission/ go here.")
   add("--preset", choices=PRESETS, default="paper", help="paper: Table 14 "
       "per task; sane: one GLUE set for all (see the module docstring).")
-  add("--parallel", type=int, default=1, help="Trials at once (the sweep's "
-      "--parallel: one process each, 1/N of an accelerator's memory).")
+  add("--parallel", type=int, help="Trials at once (the sweep's "
+      "--parallel: one process each; default 1, or with --devices_per_trial "
+      "one per device group; without it 1/N of an accelerator's memory).")
+  device_groups.add_flags(p)
   add("--main_module", default="albert_jax.main", help="Module run per "
       "trial, or a script path ending in .py.")
   add("--print_commands", action="store_true", help="Print one command per "
@@ -432,7 +440,7 @@ def _check(args) -> list[str]:
   if args.seeds < 1:
     raise DownstreamError(f"--seeds={args.seeds}; give 1 or more, e.g. "
                           "--seeds=5 (the paper's medians are of five).")
-  if args.parallel < 1:
+  if args.parallel is not None and args.parallel < 1:
     raise DownstreamError(f"--parallel={args.parallel}; give 1 (one trial "
                           "after another) or more.")
   names = parse_suite(args.suite)
@@ -449,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
   args, extra = _parse(sys.argv[1:] if argv is None else argv)
   try:
     names = _check(args)
-  except DownstreamError as e:
+    parallel, devices = device_groups.plan(
+        args.devices_per_trial, args.parallel, args.platform,
+        args.num_devices, print_commands=args.print_commands)
+  except (DownstreamError, device_groups.DeviceGroupError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   root = os.fspath(storage.path(args.workdir_root.rstrip("/") or "/"))
@@ -462,9 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                      [a[len("--config."):].split("=", 1)[0]
                       for a in extra if a.startswith("--config.")])
     status, metrics = sweep.run_trials(
-        planned, root, extra=extra, parallel=args.parallel,
+        planned, root, extra=extra, parallel=parallel,
         main_module=args.main_module, print_commands=args.print_commands,
-        launcher=args.launcher)
+        launcher=args.launcher, devices=devices)
   except sweep.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

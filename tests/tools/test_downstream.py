@@ -242,7 +242,8 @@ def _argv(env, *more):
           f"--main_module={env['fake']}", *more]
 
 
-def test_bad_input_is_one_error_line(env, capsys):
+def test_bad_input_is_one_error_line(env, capsys, monkeypatch):
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
   for argv, message in (
       (_argv(env, "--suite=mrcp"), "error: unknown task 'mrcp' in --suite "
        "(did you mean 'mrpc'?); give a suite (glue, squad, race) or task names "
@@ -254,7 +255,15 @@ def test_bad_input_is_one_error_line(env, capsys):
        "directory; give an albert_jax pre-training workdir, or an HF or TF "
        "checkpoint directory."),
       (_argv(env, "--suite=rte", "--", "--config.optimizer.lr=1"),
-       "error: Unknown config key 'optimizer.lr'")):
+       "error: Unknown config key 'optimizer.lr'"),
+      (_argv(env, "--devices_per_trial=3", "--platform=gpu",
+             "--num_devices=8"), "error: --devices_per_trial=3 does not "
+       "divide the 8 GPUs here: 2 would sit idle; give one of 1, 2, 4, 8, or "
+       "--num_devices=6 to leave 2 idle.\n"),
+      (_argv(env, "--devices_per_trial=4", "--parallel=3", "--platform=gpu",
+             "--num_devices=8"), "error: --parallel=3 is more than the 2 "
+       "groups of 4 of 8 GPUs (--devices_per_trial=4); give --parallel=2 or "
+       "less, one trial per group at a time.\n")):
     assert downstream.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message), err
@@ -320,6 +329,25 @@ def test_suite_runs_in_parallel_and_writes_report_and_submission(
   # Other arguments for done trials are refused, naming the difference.
   assert downstream.main(argv + ["--", "--config.batch_size=8"]) == 2
   assert "now --config.batch_size=8" in capsys.readouterr().err
+
+
+def test_seeds_run_one_per_device_group(env, capsys, monkeypatch):
+  """2 GPUs, 1 a trial: three seeds, two at once, each log naming its GPU."""
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  monkeypatch.setenv("FAKE_SLEEP", "0.3")
+  assert downstream.main(_argv(env, "--suite=rte", "--seeds=3",
+                               "--devices_per_trial=1", "--platform=gpu",
+                               "--num_devices=2")) == 0
+  assert capsys.readouterr().out.count(": running on GPU ") == 3
+  root = env["root"]
+  firsts = sorted((root / "rte" / f"seed={k}" / "sweep.log").read_text()
+                  .splitlines()[0] for k in range(3))
+  assert firsts in ([f"devices: GPU {a}; CUDA_VISIBLE_DEVICES={a}"
+                     for a in ids] for ids in ("001", "011"))
+  starts = sorted(c[1] for c in _calls(root))
+  assert starts[1] - starts[0] < 0.3  # --parallel defaulted to the 2 groups
+  assert json.loads((root / "report.json").read_text())[
+      "tasks"]["rte"]["finished"] == [0, 1, 2]
 
 
 def test_a_killed_suite_resumes_with_only_the_killed_trial(env):
