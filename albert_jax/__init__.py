@@ -13,7 +13,7 @@ _storage.use_emulator_from_env()
 _LAZY = {
     "Albert": "albert_jax.model.albert",
     "ModelConfig": "albert_jax.model.config",
-    "load_pretrained": "albert_jax.finetune.loading",
+    "load_pretrained": "albert_jax.finetune.serving.load_pretrained",
     "Pretrained": "albert_jax.interop.pretrained",
     "Tokenizer": "albert_jax.text.tokenizer",
 }

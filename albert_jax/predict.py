@@ -5,7 +5,7 @@
 FILE is TSV, CSV or JSONL (optionally .gz), OUT JSONL (optionally .gz);
 all three may be gs:// paths. With several devices, prediction is sharded
 as the run's training was; `--num_fake_devices=N` stands N CPU devices in
-for them. The logic is in `albert_jax.finetune.predict_files`.
+for them. The logic is in `albert_jax.finetune.serving.prediction_files`.
 """
 
 import sys
@@ -15,7 +15,7 @@ import sys
 # means here what it means there.
 import albert_jax.main  # noqa: F401  pylint: disable=unused-import
 # isort: split
-from albert_jax.finetune import predict_files
+from albert_jax.finetune.serving import prediction_files
 
 if __name__ == "__main__":
-  sys.exit(predict_files.main())
+  sys.exit(prediction_files.main())

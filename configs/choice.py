@@ -8,7 +8,7 @@ r"""Fine-tunes multiple choice on your own files (SWAG-style).
 Rows hold a context, optionally a question (SWAG's "sent2", joined to each
 ending), N endings (`choice_columns` or one JSONL list `choices_column`) and
 the right ending's 0-based index; every key is listed in
-albert_jax/finetune/choice.py.
+albert_jax/finetune/tasks/multiple_choice/files.py.
 
 Arguments: `steps=N` (default 1000), `lr=X` (default 2e-5), `batch=N`
 (default 16), `seq=N` (default 128).

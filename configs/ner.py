@@ -8,7 +8,7 @@ r"""Fine-tunes a named-entity tagger: CoNLL-2003 from TFDS, or your own files.
 
 Each word's tag is learned on its first sub-word; entity-level precision,
 recall and F1 are conlleval's ("f1" selects the checkpoint). Files are in
-CoNLL-2003 format (albert_jax/finetune/tagging.py lists every key).
+CoNLL-2003 format (albert_jax/finetune/tasks/tagging/ner.py lists every key).
 
 Arguments: `source=conll2003|files`, `steps=N` (default 3000), `lr=X`
 (default 5e-5), `batch=N` (default 32), `seq=N` (default 128).

@@ -29,7 +29,7 @@ mkdir -p "$root"
 # 0, 5000 pieces), so Table 5's models can read each other's data.
 tok="$root/spiece.model"
 if [ ! -e "$tok" ]; then
-  python -m albert_jax.text.train --input albert_jax/data/bundled/corpus/*.txt.gz \
+  python -m albert_jax.text.train_tokenizer --input albert_jax/data/bundled/corpus/*.txt.gz \
     --vocab_size 5000 --seed 0 --input_sentence_size 2000000 --output "$tok"
 fi
 

@@ -52,7 +52,7 @@ def fast_compile() -> dict:
 def tiny_spm(tmp_path_factory) -> str:
   """A 300-piece SentencePiece model of the bundled corpus's first 400
   lines (about a second to train; once per test process): its path."""
-  from albert_jax.text import train as text_train  # pylint: disable=g-import-not-at-top
+  from albert_jax.text import train_tokenizer as text_train  # pylint: disable=g-import-not-at-top
   d = tmp_path_factory.mktemp("tiny_spm")
   with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
     (d / "corpus.txt").write_text("".join(itertools.islice(f, 400)),
@@ -196,7 +196,7 @@ def spm_of_size(tmp_path_factory):
   a few dozen ids and so need a tokenizer that small."""
   import random  # pylint: disable=g-import-not-at-top
 
-  from albert_jax.text import train as text_train  # pylint: disable=g-import-not-at-top
+  from albert_jax.text import train_tokenizer as text_train  # pylint: disable=g-import-not-at-top
   made = {}
 
   def make(n: int) -> str:

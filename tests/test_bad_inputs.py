@@ -43,7 +43,7 @@ from albert_jax.data import prepare as prep
 from albert_jax.interop import CheckpointError
 from albert_jax.interop.pretrained import load_pretrained
 from albert_jax.text import run_tokenizer
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
@@ -684,7 +684,7 @@ def test_a_damaged_recipe_json_names_itself_and_the_fix(tmp_path, text):
 def test_a_damaged_final_metrics_json_names_itself_and_the_fix(tmp_path,
                                                               text):
   from albert_jax import storage  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.serving import fine_tuned as predict_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.tools import sweep  # pylint: disable=g-import-not-at-top
   path = tmp_path / "final_metrics.json"
   path.write_bytes(text.encode("latin-1"))

@@ -32,7 +32,7 @@ import pytest
 from albert_jax.data import instances as inst_lib
 from albert_jax.data import masking
 from albert_jax.data.row_random import row_keys
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
 FUZZ = hypothesis.settings(max_examples=60, deadline=None)

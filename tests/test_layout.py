@@ -178,3 +178,59 @@ def test_an_upstream_import_is_caught():
   assert _upstream_imports(modules) == (
       ["albert_jax.text.tokenizer imports albert_jax.data.loader"],
       ["albert_jax.widgets"])
+
+
+FAMILIES = "albert_jax.finetune.tasks."
+
+
+def _family_imports(modules) -> list[str]:
+  """Imports that break the task families' isolation: outside the families,
+  a module reaches them only through the registry (by name, in
+  `registry.FAMILIES`), so no generic code asks which kind a task is; a
+  family may build on another's base (a new classification family on
+  `classification.single_label`), never on the run, serving or registry
+  built on top of them all."""
+  bad = []
+  for name, tree in modules.items():
+    family = name.startswith(FAMILIES)
+    for target in sorted(_edges(name, tree, modules)):
+      if target.startswith(FAMILIES):
+        if not family:
+          bad.append(f"{name} imports {target}")
+      elif family and target.startswith(
+          ("albert_jax.finetune.serving", "albert_jax.finetune.run",
+           "albert_jax.finetune.registry")):
+        bad.append(f"{name} imports {target}")
+  return bad
+
+
+def test_task_families_are_reached_only_through_the_registry():
+  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  modules = _modules()
+  assert not _family_imports(modules), "\n".join(_family_imports(modules))
+  # Every family folder is registered, and every registered one exists.
+  folders = {n[len(FAMILIES):] for n in modules
+             if n.startswith(FAMILIES) and n.count(".") == 3}
+  assert {f[len(FAMILIES):] for f in registry.FAMILIES} == folders
+
+
+def test_a_family_import_from_outside_is_caught():
+  modules = {
+      "albert_jax.finetune.run": ast.parse(
+          "from albert_jax.finetune.tasks.squad import task\n"),
+      "albert_jax.finetune.tasks.squad.task": ast.parse(
+          "from albert_jax.finetune.tasks.tagging import ner\n"
+          "from albert_jax.finetune.tasks.squad import head\n"
+          "from albert_jax.finetune import registry\n"),
+      "albert_jax.finetune.registry": ast.parse(""),
+      "albert_jax.finetune.tasks.squad.head": ast.parse(""),
+      "albert_jax.finetune.tasks.tagging.ner": ast.parse(
+          "def f():\n  from albert_jax.finetune.serving import fine_tuned\n"),
+      "albert_jax.finetune.serving.fine_tuned": ast.parse(""),
+  }
+  assert _family_imports(modules) == [
+      "albert_jax.finetune.run imports albert_jax.finetune.tasks.squad.task",
+      "albert_jax.finetune.tasks.squad.task imports "
+      "albert_jax.finetune.registry",
+      "albert_jax.finetune.tasks.tagging.ner imports "
+      "albert_jax.finetune.serving.fine_tuned"]

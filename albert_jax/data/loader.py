@@ -103,7 +103,7 @@ class Vocabulary:
       if i is None:
         raise ValueError(
             "Masked-LM data needs [CLS], [SEP], [MASK] and padding ids; this "
-            "tokenizer lacks one. Train one with albert_jax.text.train, which adds "
+            "tokenizer lacks one. Train one with albert_jax.text.train_tokenizer, which adds "
             "them.")
       special[i] = True
     return cls(word_start=np.asarray(tokenizer.is_word_start(

@@ -273,7 +273,7 @@ def _prepare_units(plan, mine, sources, opener, config: PrepareConfig, *,
   tok = Tokenizer.from_file(config.tokenizer)
   if tok.cls_id is None or tok.sep_id is None:
     raise ValueError(f"{config.tokenizer} has no [CLS]/[SEP] pieces; train a "
-                     "tokenizer with `python -m albert_jax.text.train`.")
+                     "tokenizer with `python -m albert_jax.text.train_tokenizer`.")
   options = {**CLI_OPTIONS, **options}
   record = _run_record(plan, sources, config, source_name)
   _claim(config.output_dir, record, leader, overwrite, multihost)

@@ -13,7 +13,7 @@ import jax
 
 from albert_jax import storage
 from albert_jax.finetune import data_files
-from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune.run import run
 from albert_jax.text import run_tokenizer
 from albert_jax.training import config_check

@@ -1,10 +1,18 @@
-"""Task names → `Task` objects (`config.data.task`), and task types →
-`TaskType` objects (a fine-tuned model's recorded "task_type").
+"""The task families: task names → `Task` objects (`config.data.task`), and
+task types → `TaskType` objects (a fine-tuned model's recorded "task_type").
+
+Each family is a package under `albert_jax/finetune/tasks/` that owns
+everything about its tasks (data, features, head, loss, metrics, prediction,
+transformers conversion) and says so in three names:
+  TASKS: the task names it defines ("glue/sst2", "files", ...).
+  TASK_TYPES: the `TaskType`s its fine-tuned models record.
+  make_task(name, data): the `Task` called `name`, configured by
+    `config.data`.
+A new family is one folder and one line of `FAMILIES`.
 
 A name is checked against every task the families define before anything
 is built, so a misspelt one ("glue/sst-2", "ner/file") fails with the
 closest valid name instead of a family's own narrower error, or none.
-
 Everything that works from a recorded fine-tuned model (reloading,
 prediction, files of predictions, transformers export and import) reaches
 its kind through `task_type`; see `albert_jax.finetune.task_type`.
@@ -12,7 +20,9 @@ its kind through `task_type`; see `albert_jax.finetune.task_type`.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import types
 
 from albert_jax import hints
 from albert_jax.finetune.task import Task
@@ -20,42 +30,37 @@ from albert_jax.finetune.task_type import PredictError
 from albert_jax.finetune.task_type import TaskType
 from albert_jax.interop.workdir import TASK_FILE
 
-# Name prefix → module with `make_task(name, data)`.
-FAMILIES = {
-    "glue/": "albert_jax.finetune.glue",
-    "squad/": "albert_jax.finetune.squad.task",
-    "race/": "albert_jax.finetune.race",
-    "files": "albert_jax.finetune.file_task",
-    "ner/": "albert_jax.finetune.tagging",
-    "choice/": "albert_jax.finetune.choice",
-}
-# The names of a family whose module keeps no `TASKS` tuple.
-_NAMES = {"albert_jax.finetune.choice": ("choice/files",)}
-# task.json "task_type" → the module attribute holding its `TaskType`.
-TASK_TYPES = {
-    "classification": "albert_jax.finetune.classification.CLASSIFICATION",
-    "regression": "albert_jax.finetune.classification.REGRESSION",
-    "multiple_choice": "albert_jax.finetune.multiple_choice.MULTIPLE_CHOICE",
-    "question_answering":
-        "albert_jax.finetune.squad.task_type.QUESTION_ANSWERING",
-    "token_classification":
-        "albert_jax.finetune.tagging.TOKEN_CLASSIFICATION",
-}
+# The task families, in the order their names are listed.
+FAMILIES = (
+    "albert_jax.finetune.tasks.classification",  # glue/NAME, files
+    "albert_jax.finetune.tasks.multiple_choice",  # race/NAME, choice/files
+    "albert_jax.finetune.tasks.tagging",  # ner/files, ner/conll2003
+    "albert_jax.finetune.tasks.squad",  # squad/v1.1, squad/v2.0
+)
 
 
-def _family(name: str) -> str | None:
-  for prefix, module in FAMILIES.items():
-    if name == prefix.rstrip("/") or name.startswith(prefix):
-      return module
-  return None
+@functools.cache
+def _families() -> tuple[types.ModuleType, ...]:
+  return tuple(importlib.import_module(m) for m in FAMILIES)
 
 
 def task_names() -> tuple[str, ...]:
   """Every task name the families define, in FAMILIES' order."""
-  names = []
-  for module in FAMILIES.values():
-    names += _NAMES.get(module) or importlib.import_module(module).TASKS
-  return tuple(names)
+  return tuple(n for family in _families() for n in family.TASKS)
+
+
+def task_types() -> dict[str, TaskType]:
+  """Every recorded "task_type" the families define → its `TaskType`."""
+  return {kind.name: kind for family in _families()
+          for kind in family.TASK_TYPES}
+
+
+def task_type_of_hf(task_class: str, hf_config: dict) -> TaskType | None:
+  """The type of a transformers task checkpoint of class `task_class`
+  ("ForSequenceClassification") and config `hf_config`, or None."""
+  return next((kind for kind in task_types().values()
+               if kind.hf_class == task_class and kind.reads_hf(hf_config)),
+              None)
 
 
 def check_name(name) -> None:
@@ -85,7 +90,8 @@ def make_task(name: str, data) -> Task:
       errors in `data`.
   """
   check_name(name)
-  return importlib.import_module(_family(name)).make_task(name, data)
+  family = next(f for f in _families() if name in f.TASKS)
+  return family.make_task(name, data)
 
 
 def task_type(name: str) -> TaskType:
@@ -94,9 +100,8 @@ def task_type(name: str) -> TaskType:
   Raises:
     PredictError: a name this version does not know.
   """
-  if not isinstance(name, str) or name not in TASK_TYPES:
+  kinds = task_types()
+  if not isinstance(name, str) or name not in kinds:
     raise PredictError(f"Unknown task_type {name!r} in {TASK_FILE}; this "
-                       f"version of albert_jax predicts "
-                       f"{tuple(TASK_TYPES)}.")
-  module, attribute = TASK_TYPES[name].rsplit(".", 1)
-  return getattr(importlib.import_module(module), attribute)
+                       f"version of albert_jax predicts {tuple(kinds)}.")
+  return kinds[name]

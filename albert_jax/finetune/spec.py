@@ -5,7 +5,7 @@ One description of a fine-tuned model: the encoder's hyperparameters, the
 task head, the optional next-token head and the features a row holds. It is
 built from the task being trained (`for_task`: the fine-tuning run and
 `--compile_only`) or from what a fine-tuning workdir recorded
-(`albert_jax.finetune.predict.spec_from_record`: prediction), and gives
+(`albert_jax.finetune.serving.fine_tuned.spec_from_record`: prediction), and gives
 them all the same model, initial parameters, batch schema and FLOPs.
 """
 

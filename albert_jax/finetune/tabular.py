@@ -8,7 +8,7 @@ Formats go by extension, each optionally gzipped (`.gz`):
   .jsonl one JSON object per line.
 Files are UTF-8 (a BOM is allowed; other encodings are refused with the
 line, the byte and the iconv command that converts them:
-`albert_jax.text.encoding`); blank lines are skipped. A row's index is
+`albert_jax.text.utf8`); blank lines are skipped. A row's index is
 its 0-based position among the data rows (header and blank lines excluded).
 Paths are local (`~` expanded) or `gs://BUCKET/...` (`albert_jax.storage`).
 
@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from albert_jax import hints
 from albert_jax import storage
-from albert_jax.text import encoding
+from albert_jax.text import utf8
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ def file_format(path: str) -> str:
 
 def _lines(path: str):
   """Yields (line number, text) with strict UTF-8 decoding line by line
-  (`albert_jax.text.encoding`), so a bad byte is reported where it is."""
-  decoder = encoding.LineDecoder(path)
+  (`albert_jax.text.utf8`), so a bad byte is reported where it is."""
+  decoder = utf8.LineDecoder(path)
   try:
     with storage.path(path).open("rb") as stored, (
         gzip.GzipFile(fileobj=stored, mode="rb") if path.endswith(".gz")
@@ -81,7 +81,7 @@ def _lines(path: str):
       for raw in f:
         try:
           text = decoder.decode(raw)
-        except encoding.EncodingError as e:
+        except utf8.EncodingError as e:
           raise FileFormatError(str(e)) from None
         yield decoder.number, text
   except (gzip.BadGzipFile, EOFError) as e:
@@ -146,7 +146,7 @@ def _records(path: str, ext: str):
         raise FileFormatError(f"{path}, line {number}: a JSON "
                               f"{type(obj).__name__}, not an object; write "
                               'one {"column": value, ...} object per line.')
-      bad = encoding.lone_surrogate(obj)
+      bad = utf8.lone_surrogate(obj)
       if bad:
         raise FileFormatError(f"{path}, line {number}: {bad}. Fix the "
                               "escape (a pair: \\ud83d\\ude00) or drop "

@@ -144,10 +144,10 @@ class Task(abc.ABC):
 
   def describe(self) -> dict[str, Any] | None:
     """What predicting with the fine-tuned model needs, JSON-serialisable:
-    "task_type" (a key of `albert_jax.finetune.registry.TASK_TYPES`, whose
+    "task_type" (a key of `albert_jax.finetune.registry.task_types()`, whose
     `TaskType` reads the rest), "labels" (the label names in class order,
     or None) and the head's and the featurization's settings. None: the
-    task cannot be reloaded for prediction (`albert_jax.finetune.predict`).
+    task cannot be reloaded for prediction (`albert_jax.finetune.serving.fine_tuned`).
     """
     return None
 

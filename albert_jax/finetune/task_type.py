@@ -2,17 +2,18 @@
 "task_type".
 
 A fine-tuning run records its task's `Task.describe()` in the workdir's
-`task.json` (`albert_jax.finetune.predict.record`). Everything that works
+`task.json` (`albert_jax.finetune.serving.fine_tuned.record`). Everything that works
 from that record asks the `TaskType` its "task_type" names
 (`registry.task_type`): whether the type's own fields are sound, the head to
-rebuild and the model inputs of one row (`predict.spec_from_record`), raw
+rebuild and the model inputs of one row (`fine_tuned.spec_from_record`), raw
 inputs → features → JSON predictions (`FineTuned.predict`), a file's rows →
-inputs (`predict_files`) and its transformers task class's head tensors
-(`albert_jax.interop.hf_task_heads`). Each type lives beside its family's
-head: classification and regression in `classification.py`, multiple
-choice in `multiple_choice.py`, question answering in `squad/task_type.py`,
-token classification in `tagging.py`. So a new kind of fine-tuned model is
-one module and one line of `registry.TASK_TYPES`, and no generic code asks
+inputs (`prediction_files`) and its transformers task class's head tensors
+(`albert_jax.interop.hf_task_heads`). Each type lives in its family's
+folder (`albert_jax/finetune/tasks/`), which lists it in its `TASK_TYPES`:
+classification and regression in `classification/single_label.py`,
+multiple choice in `multiple_choice/choices.py`, token classification in
+`tagging/ner.py`, question answering in `squad/task_type.py`. So a new kind
+of fine-tuned model comes with its family's folder, and no generic code asks
 which kind a model is.
 """
 
@@ -38,7 +39,7 @@ class TaskType(abc.ABC):
 
   `info` below is a task.json as a dict: "task_type", "task", "labels",
   "max_seq_length", "lm_head", "model" and the type's own settings (its
-  tasks' `describe()`); `model` is an `albert_jax.finetune.predict.
+  tasks' `describe()`); `model` is an `albert_jax.finetune.serving.fine_tuned.
   FineTuned`, which called on features returns the head's outputs.
 
   Attributes:
@@ -49,6 +50,10 @@ class TaskType(abc.ABC):
       holds the encoder's pooler).
     problem_type: transformers' config "problem_type", or None to leave it
       unset.
+    hf_class: transformers' task class, less the family's name
+      ("ForSequenceClassification": AlbertForSequenceClassification, ...),
+      or None where transformers has none (the model is then not
+      exported, and no transformers checkpoint loads as this type).
     head_layer, hf_head: the head's linear layer in our parameters and in
       transformers' class (`head_to_hf`, `head_from_hf`).
     packable: a row can hold several inputs (`albert_jax.finetune.
@@ -63,6 +68,7 @@ class TaskType(abc.ABC):
   labelled: bool = False
   pooled: bool = True
   problem_type: str | None = None
+  hf_class: str | None = None
   packable: bool = False
   token_keys: tuple[str, ...] = ()
 
@@ -110,8 +116,17 @@ class TaskType(abc.ABC):
 
   def check_export(self, settings: dict) -> None:
     """Raises ValueError where a head with `settings` has no transformers
-    class."""
+    class. This default: where the type has none."""
     del settings
+    if self.hf_class is None:
+      raise ValueError(f"A {self.name} model has no transformers task "
+                       "class to export to.")
+
+  def reads_hf(self, hf_config: dict) -> bool:
+    """Whether a transformers checkpoint of class `hf_class` with config
+    `hf_config` is this type (several types may share a class)."""
+    del hf_config
+    return True
 
   def hf_pooler(self, model_type: str) -> bool:
     """Whether transformers' class of `model_type` holds the encoder's

@@ -18,15 +18,16 @@ class). Token and span heads read every token and no pooler.
 Label names travel as `id2label` / `label2id`; regression sets
 `problem_type="regression"`.
 
-What differs by task type (the head's tensor names, whether the class holds
-the pooler, labels, problem_type, the heads refused, the settings an
-imported model records) belongs to the task type
+What differs by task type (transformers' class, the head's tensor names,
+whether the class holds the pooler, labels, problem_type, the heads refused,
+the settings an imported model records) belongs to the task type
 (`albert_jax.finetune.task_type.TaskType`), which `to_hf` and `from_hf` take
 as an argument: fine-tuning sits above interop, so interop never imports
 the types, and a new one brings its conversion with it. What stays here is
 transformers' side: the families, the encoder and config conversion, the
-files, and the table of task classes (`_SUFFIX`), which `task_type_of`
-needs beneath fine-tuning to recognise a task checkpoint by its config.
+files, and which classes are encoders (`ENCODER_CLASSES`): every other
+`{Family}For{Task}` class is a task checkpoint (`task_class`), refused as
+an encoder and converted by the type whose `hf_class` it is.
 """
 
 from __future__ import annotations
@@ -42,23 +43,18 @@ from albert_jax.interop import child
 from albert_jax.interop import hf
 from albert_jax.interop import hf_config as hf_config_lib
 
-# The transformers task class of each task type albert_jax exports, by
-# family: {Family}{suffix}. Kept here, as data, because interop recognises a
-# task checkpoint (and refuses it as an encoder) beneath fine-tuning, where
-# the task types live; a task type without a transformers class needs no
-# line.
-_SUFFIX = {"classification": "ForSequenceClassification",
-           "regression": "ForSequenceClassification",
-           "question_answering": "ForQuestionAnswering",
-           "multiple_choice": "ForMultipleChoice",
-           "token_classification": "ForTokenClassification"}
+# transformers' classes of an encoder without a task head, less the
+# family's name: read as pre-trained encoders (`albert_jax.interop.hf`).
+ENCODER_CLASSES = ("Model", "ForPreTraining", "ForMaskedLM",
+                   "ForNextSentencePrediction", "ForCausalLM")
 _FAMILY = {"albert": "Albert", "bert": "Bert", "roberta": "Roberta",
            "electra": "Electra"}
 
 
-def architecture(task_type: str, model_type: str) -> str:
-  """The transformers class of a task type in a family."""
-  return _FAMILY[model_type] + _SUFFIX[task_type]
+def architecture(kind, model_type: str) -> str:
+  """The transformers class of task type `kind` (its `hf_class`) in a
+  family."""
+  return _FAMILY[model_type] + kind.hf_class
 
 
 def linear(name: str, p: dict) -> dict[str, np.ndarray]:
@@ -82,7 +78,7 @@ def to_hf(model, path: str, model_type: str | None, kind) -> None:
   (config.json with id2label/label2id, model.safetensors, the tokenizer).
 
   Args:
-    model: the `albert_jax.finetune.predict.FineTuned`.
+    model: the `albert_jax.finetune.serving.fine_tuned.FineTuned`.
     path: the directory, local or gs://.
     model_type: the family to write (None: the one the config matches).
     kind: its task type (`albert_jax.finetune.task_type.TaskType`), which
@@ -100,7 +96,7 @@ def to_hf(model, path: str, model_type: str | None, kind) -> None:
     raise ValueError(f"Unknown model_type {model_type!r}; choose one of "
                      f"{tuple(_FAMILY)}.")
   kind.check_export(model.settings)
-  arch = architecture(kind.name, model_type)
+  arch = architecture(kind, model_type)
   if model_type == "electra" and kind.pooled:
     raise ValueError(
         f"transformers' {arch} reads [CLS] through dense + GELU, and this "
@@ -133,18 +129,15 @@ def to_hf(model, path: str, model_type: str | None, kind) -> None:
     model.tokenizer.save(path)
 
 
-def task_type_of(hf_config: dict) -> str | None:
-  """The task type of an HF config's architecture, or None (not a task
-  class albert_jax reads)."""
-  for arch in hf_config.get("architectures") or ():
-    for task_type, suffix in _SUFFIX.items():
-      if str(arch).endswith(suffix) and str(arch)[:-len(suffix)] in (
-          _FAMILY.values()):
-        if suffix == _SUFFIX["classification"]:
-          # One class for both; transformers tells them by problem_type.
-          return ("regression" if hf_config.get("problem_type")
-                  == "regression" else "classification")
-        return task_type
+def task_class(hf_config: dict) -> str | None:
+  """The task class of an HF config's architecture, less the family's name
+  ("ForSequenceClassification"), or None (an encoder class, or none)."""
+  for arch in map(str, hf_config.get("architectures") or ()):
+    for family in _FAMILY.values():
+      if arch.startswith(family + "For"):
+        suffix = arch[len(family):]
+        if suffix not in ENCODER_CLASSES:
+          return suffix
   return None
 
 
@@ -184,7 +177,7 @@ def from_hf(checkpoint, kind) -> dict[str, Any]:
   settings = {"task_type": kind.name, "labels": labels,
               "max_seq_length": min(limit, 512), "lm_head": False,
               "model": cfg.to_dict(), **kind.imported_settings(),
-              "task": architecture(kind.name, model_type)}
+              "task": architecture(kind, model_type)}
   return dict(task=settings["task"], task_type=kind.name, labels=labels,
               model_config=cfg,
               params={"albert": encoder, "head": head},

@@ -10,7 +10,7 @@ layouts back. Directories are local (`~` expanded) or `gs://BUCKET/...`.
 
 A fine-tuned model (a fine-tuning workdir, a transformers task checkpoint)
 is refused here with a pointer to `albert_jax.load_pretrained`
-(`albert_jax.finetune.loading`), which reads every kind and returns those
+(`albert_jax.finetune.serving.load_pretrained`), which reads every kind and returns those
 with their task heads.
 """
 
@@ -402,7 +402,7 @@ def load_pretrained(path: str, step: int | str | None = None,
   if isinstance(loaded, sources.TaskCheckpoint):
     raise CheckpointError(
         f"{path} is a transformers task checkpoint (a fine-tuned "
-        f"{loaded.task_type} head): load it with "
+        f"{loaded.task_class[len('For'):]} head): load it with "
         "albert_jax.load_pretrained, which returns the model with its head.")
   return from_fields(path, loaded)
 

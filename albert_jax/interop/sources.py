@@ -19,7 +19,7 @@ Accepts:
 
 An albert_jax fine-tuning workdir (its `task.json`) is refused here: it is
 read with its task head by `albert_jax.load_pretrained`, above fine-tuning
-(`albert_jax.finetune.loading`), which comes to these loaders only for the
+(`albert_jax.finetune.serving.load_pretrained`), which comes to these loaders only for the
 kinds above. Directories are local (`~` expanded) or `gs://BUCKET/...`.
 """
 
@@ -52,7 +52,8 @@ class TaskCheckpoint(typing.NamedTuple):
 
   Attributes:
     path: its directory.
-    task_type: the task type its class holds (`hf_task_heads.task_type_of`).
+    task_class: its transformers class less the family's name
+      (`hf_task_heads.task_class`), which names its task type.
     hf_config: its parsed config.json.
     state: its tensors by transformers' names.
     overrides: ModelConfig fields to change.
@@ -60,7 +61,7 @@ class TaskCheckpoint(typing.NamedTuple):
     source: how errors name it ("Checkpoint PATH (with overrides ...)").
   """
   path: str
-  task_type: str
+  task_class: str
   hf_config: dict[str, Any]
   state: dict[str, Any]
   overrides: dict[str, Any]
@@ -131,16 +132,16 @@ def load(path: str, step: int | str | None,
   try:
     hf_config = hf_config_lib.read_config(path)
     model_type = hf_config_lib.model_type_of(hf_config)
-    task_type = hf_task_heads.task_type_of(hf_config)
+    task_class = hf_task_heads.task_class(hf_config)
   except (ValueError, TypeError) as e:
     raise CheckpointError(f"{path}/config.json{note}: {e}") from e
-  if task_type is not None:
+  if task_class is not None:
     source = f"Checkpoint {path}{note}"
     try:
       state = read_state_dict(path)
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointError(f"{source}: {e}") from e
-    return TaskCheckpoint(path, task_type, hf_config, state, overrides,
+    return TaskCheckpoint(path, task_class, hf_config, state, overrides,
                           _tokenizer(path), source)
   try:
     cfg = hf_config_lib.config_from_hf(hf_config)

@@ -5,7 +5,7 @@ The model is rebuilt from the trainer's config.json `model` section, its heads
 from `data.objective`, and only the parameters of the newest (or a chosen)
 checkpoint are read, onto one CPU device, without the optimizer state. A
 fine-tuning workdir is told by its `TASK_FILE`, which the fine-tuning run
-writes (`albert_jax.finetune.predict.record`) and `albert_jax.load_pretrained`
+writes (`albert_jax.finetune.serving.fine_tuned.record`) and `albert_jax.load_pretrained`
 reads back into a `FineTuned`.
 """
 
@@ -33,7 +33,7 @@ from albert_jax.training import run_spec
 log = logging.getLogger(__name__)
 
 # What a fine-tuning run records in its workdir besides the trainer's files:
-# the task, its labels and the model (`finetune.predict.record`).
+# the task, its labels and the model (`finetune.serving.fine_tuned.record`).
 TASK_FILE = "task.json"
 
 

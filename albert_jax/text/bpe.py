@@ -9,7 +9,7 @@ space (so "Hello" and " Hello" are different pieces), the specials `<s>`
 before it (lstrip, as roberta-base's tokenizer.json has it), and offsets
 trimmed of the space a piece carries. `save` writes the files transformers
 loads, and `roberta_template` lays out RoBERTa's `<s> A </s></s> B </s>`.
-Training one is `albert_jax.text.train.train_bpe` (the specials at ids
+Training one is `albert_jax.text.train_tokenizer.train_bpe` (the specials at ids
 0..4; roberta-base has `<mask>` last, at 50264, and every id is looked up by
 name).
 The `tokenizers` library is imported on first use. Files are local or
@@ -22,7 +22,7 @@ import tempfile
 from typing import Any, Optional, Sequence
 
 from albert_jax import storage
-from albert_jax.text import staging
+from albert_jax.text import local_copies
 from albert_jax.text import wordpiece
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
@@ -113,7 +113,7 @@ def from_vocab_and_merges(path: str):
   if (directory / _CONFIG).is_file():
     config = json.loads((directory / _CONFIG).read_text(encoding="utf-8"))
   try:
-    with staging.local_files([vocab, merges]) as (local_vocab, local_merges):
+    with local_copies.local_files([vocab, merges]) as (local_vocab, local_merges):
       model = tokenizers.models.BPE.from_file(
           local_vocab, local_merges, continuing_subword_prefix="",
           end_of_word_suffix="", fuse_unk=False)
@@ -207,7 +207,7 @@ def _save(tok, directory, written: list[str]) -> str:
         raise
       raise OSError(str(e)) from e
     written += sorted(os.listdir(tmp))
-    staging.publish(tmp, directory)
+    local_copies.publish(tmp, directory)
   level = _find_type(_state(tok.pre_tokenizer), "ByteLevel") or {}
   post = _state(tok.post_processor)
   processor = _find_type(post, "RobertaProcessing")

@@ -18,7 +18,7 @@ corpus raise: a glob matching nothing, a JSON field that does not exist, and
 a UTF-16 or UTF-32 file (by its byte-order mark, or the NUL bytes beside its
 ASCII text), whose lines would otherwise be read as NUL-riddled "UTF-8"; the
 error names the line, the byte and the iconv command that converts it
-(`albert_jax.text.encoding`).
+(`albert_jax.text.utf8`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import IO, Iterator, Sequence
 import zlib
 
 from albert_jax import storage
-from albert_jax.text import encoding
+from albert_jax.text import utf8
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _lines(path: str, stats: ReadStats,
     EncodingError: the file is UTF-16 or UTF-32, naming the line, the byte
       and the iconv command that converts it.
   """
-  decoder = encoding.LineDecoder(path)
+  decoder = utf8.LineDecoder(path)
   with _open(path) as reader:
     while True:
       try:
@@ -191,7 +191,7 @@ def _lines(path: str, stats: ReadStats,
         return
       try:
         line = decoder.decode(raw)
-      except encoding.EncodingError as e:
+      except utf8.EncodingError as e:
         if not e.damaged_line:
           raise
         stats.skip("skipped_non_utf8", f"{path}:{decoder.number}",
@@ -302,7 +302,7 @@ def _jsonl_texts(path: str, field: str, stats: ReadStats) -> Iterator[str]:
       stats.skip("skipped_records", where,
                  f"field {field!r} is {type(text).__name__}, not text")
       continue
-    bad = encoding.lone_surrogate(text)
+    bad = utf8.lone_surrogate(text)
     if bad:
       stats.skip("skipped_records", where, f"field {field!r}: {bad}")
       continue

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from albert_jax import storage
 from albert_jax.text import documents as documents_lib
 from albert_jax.text import tokenizer as tokenizer_lib
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

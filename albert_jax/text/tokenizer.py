@@ -9,7 +9,7 @@ match transformers' `AlbertTokenizer` except where HF v5 dropped that split
 BPE (ids equal to `RobertaTokenizerFast`'s) in `albert_jax.text.bpe`.
 `encode_with_offsets` maps every piece back to its characters in the
 original text, for span tasks such as SQuAD. Training a vocabulary is
-`albert_jax.text.train`. Paths are local or `gs://` (`albert_jax.storage`).
+`albert_jax.text.train_tokenizer`. Paths are local or `gs://` (`albert_jax.storage`).
 """
 
 import json
@@ -32,7 +32,7 @@ _SPM_NAMES = ("spiece.model",)
 # merges.txt beside it.
 _HF_NAMES = ("tokenizer.json", "vocab.txt", "vocab.json")
 _CONFIG = "tokenizer_config.json"
-# What `albert_jax.text.train` can train.
+# What `albert_jax.text.train_tokenizer` can train.
 KINDS = ("sentencepiece", "bpe")
 
 
@@ -302,7 +302,7 @@ class Tokenizer:
       raise ValueError(
           f"This vocabulary ({self.path or 'in memory'}) has no [CLS]/[SEP] "
           "(or <s>/</s>) pieces, so it cannot build model inputs; train one "
-          "with albert_jax.text.train or load an ALBERT/BERT/RoBERTa vocabulary.")
+          "with albert_jax.text.train_tokenizer or load an ALBERT/BERT/RoBERTa vocabulary.")
     template = (bpe_lib.roberta_template if self._bpe is not None
                 else wordpiece.bert_template)
     return template(self.encode(a), None if b is None else self.encode(b),

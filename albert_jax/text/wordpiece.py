@@ -14,7 +14,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 from albert_jax import storage
-from albert_jax.text import staging
+from albert_jax.text import local_copies
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -65,7 +65,7 @@ def load(path: str, do_lower_case: bool, keep_accents: bool):
   """
   if path.endswith(".txt"):
     _check_vocab_lines(path)
-    with staging.local_files([path]) as (local,):
+    with local_copies.local_files([path]) as (local,):
       return bert_wordpiece(local, do_lower_case, keep_accents)
   import tokenizers  # pylint: disable=g-import-not-at-top
   tok = tokenizers.Tokenizer.from_str(

@@ -96,7 +96,7 @@ def finetune_model_config(config) -> ModelConfig:
   `config.model`'s non-empty fields over it, or `config.model` alone."""
   overrides = {k: v for k, v in config.model.items() if v is not None}
   if config.init:
-    from albert_jax.finetune.loading import load_pretrained  # pylint: disable=g-import-not-at-top
+    from albert_jax.finetune.serving.load_pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
     return load_pretrained(config.init, **overrides).model_config
   missing = sorted(k for k, v in config.model.items() if v is None)
   if missing:
@@ -111,7 +111,7 @@ def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The fine-tuning step of `config.data.task` on the starting model."""
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  from albert_jax.finetune import start as finetune_start  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import starting_point as finetune_start  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune.task import TaskObjective  # pylint: disable=g-import-not-at-top
   cfg, changed = stand_in(finetune_model_config(config), platform,
                           stand_in_16bit)

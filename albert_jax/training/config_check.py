@@ -28,8 +28,8 @@ PRETRAINING = ("masked_lm", "causal_lm", "electra")
 OBJECTIVES = ("sop", "nsp", "none")  # albert_jax.data.instances.OBJECTIVES
 TOKENIZER_TYPES = ("sentencepiece", "bpe")
 DTYPES = ("float32", "bfloat16")
-# Fine-tuning: albert_jax.finetune.file_task.TASK_TYPES and
-# albert_jax.finetune.squad.task.V2_HEADS (config.data.task's names come
+# Fine-tuning: albert_jax.finetune.tasks.classification.files.TASK_TYPES and
+# albert_jax.finetune.tasks.squad.task.V2_HEADS (config.data.task's names come
 # from the registry itself).
 TASK_TYPES = ("classification", "regression")
 V2_HEADS = ("official", "simple")

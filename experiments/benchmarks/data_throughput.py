@@ -6,7 +6,7 @@ side in one process, on the same tokenised instances:
   * a SentencePiece vocabulary (unigram, 8000 pieces) is trained on a slice
     of the bundled corpus (albert_jax/data/bundled/corpus, official format:
     one sentence a line, blank line between documents) with
-    `albert_jax.text.train.train`, and cached;
+    `albert_jax.text.train_tokenizer.train`, and cached;
   * the corpus is tokenised and cut into [CLS] A [SEP] B [SEP] SOP instances
     with `albert_jax.data.instances.create_instances` (the official recipe,
     10% short sequences), padded to the sequence length; also cached;
@@ -108,7 +108,7 @@ from albert_jax.text import documents as documents_lib
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
 from albert_jax.data import row_random
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
 CORPUS_DIR = os.path.join(os.path.dirname(albert_jax.__file__), "data",

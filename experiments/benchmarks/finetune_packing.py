@@ -46,7 +46,7 @@ from albert_jax.finetune import registry
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune.task import TaskObjective
 from albert_jax.model.config import ModelConfig
-from albert_jax.text import train as train_lib
+from albert_jax.text import train_tokenizer as train_lib
 from albert_jax.text import documents
 from albert_jax.text.tokenizer import Tokenizer
 from albert_jax.training import optimizer as optim

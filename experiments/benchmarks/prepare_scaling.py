@@ -71,7 +71,7 @@ sys.exit(code)
 def tokenizer() -> str:
   path = CACHE / "prepare_scaling_spm8000.model"
   if not path.exists():
-    from albert_jax.text import train as text_train  # pylint: disable=g-import-not-at-top
+    from albert_jax.text import train_tokenizer as text_train  # pylint: disable=g-import-not-at-top
     CACHE.mkdir(parents=True, exist_ok=True)
     with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
       lines = [next(f) for _ in range(20000)]

@@ -23,7 +23,7 @@ from albert_jax.data import instances as inst_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import prepare as prep
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 
 SEQ, BATCH = 64, 32
 MCFG = masking.MaskingConfig(max_predictions=8)

@@ -27,7 +27,7 @@ from albert_jax.data import instances as inst_lib
 from albert_jax.data import prepare as prep
 from albert_jax.data import shards
 from albert_jax.data import units as units_lib
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 
 BUNDLED = CORPUS.parent  # the bundled corpus's files
 SEQ = 64

@@ -18,7 +18,7 @@ from albert_jax import sharding as sharding_lib
 from albert_jax.finetune import batching
 from albert_jax.finetune import registry
 from albert_jax.finetune import run as ft
-from albert_jax.finetune import start as start_lib
+from albert_jax.finetune import starting_point as start_lib
 from albert_jax.finetune import task as task_lib
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig

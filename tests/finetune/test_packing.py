@@ -30,10 +30,10 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax.finetune import batching
-from albert_jax.finetune import classification
+from albert_jax.finetune.tasks.classification import single_label
 from albert_jax.finetune import packing
-from albert_jax.finetune import predict as predict_lib
-from albert_jax.finetune import predict_files
+from albert_jax.finetune.serving import fine_tuned as predict_lib
+from albert_jax.finetune.serving import prediction_files
 from albert_jax.finetune import registry
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import spec as spec_lib
@@ -394,7 +394,7 @@ def test_refusals(setup, tmp_path):
     with pytest.raises(ValueError, match=r"must be 0 \(one example per row\)"):
       packing.check_pack(bad)
   assert packing.check_pack(0) == 0 and packing.check_pack(8) == 8
-  assert classification.SingleLabelTask.packable
+  assert single_label.SingleLabelTask.packable
 
 
 def test_unset_pack_packs_where_rows_can_and_nowhere_else(setup, tagger):
@@ -528,11 +528,11 @@ def test_a_packed_fine_tune_reports_its_padding_and_predicts_in_order(
   inputs = tmp_path / "in.tsv"
   inputs.write_text("text\n" + "".join(f"{t}\n" for t in texts))
   out = tmp_path / "out.jsonl"
-  assert predict_files.main(["--model", work, "--input", str(inputs),
+  assert prediction_files.main(["--model", work, "--input", str(inputs),
                              "--output", str(out), "--no_progress"]) == 0
   assert [json.loads(l)["label"] for l in out.read_text().splitlines()] == [
       w["label"] for w in want]
-  assert predict_files.main(["--model", work, "--input", str(inputs),
+  assert prediction_files.main(["--model", work, "--input", str(inputs),
                              "--output", str(out), "--pack", "1"]) == 2
   assert "error: pack=1 must be 0 (one input a row) or K in [2, 255]" in (
       capsys.readouterr().err)

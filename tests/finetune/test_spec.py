@@ -5,7 +5,7 @@
     per-row shapes, dtypes);
   * the spec's parameters, from zeros of those features, are those of the
     model on real rows, and a spec rebuilt from what the run records
-    (`predict.spec_from_record`) has the same parameter tree;
+    (`fine_tuned.spec_from_record`) has the same parameter tree;
   * `--compile_only` compiles the fine-tuning step of every task family:
     those on your files (classification, regression, NER, multiple choice)
     and the TFDS ones, GLUE, SQuAD (both heads) and RACE, which build
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from albert_jax import config_lib
-from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune import registry
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.model import flops as flops_lib
@@ -148,7 +148,7 @@ def test_a_tfds_task_records_the_model_it_trains(files, kind):
 
 
 def test_every_task_type_is_registered_under_its_name():
-  for name in registry.TASK_TYPES:
+  for name in registry.task_types():
     assert registry.task_type(name).name == name
   with pytest.raises(predict_lib.PredictError, match=(
       r"^Unknown task_type 'tagging' in task\.json; this version of "

@@ -1,10 +1,10 @@
-"""A configured tokenizer must be the checkpoint's (finetune/start.py)."""
+"""A configured tokenizer must be the checkpoint's (finetune/starting_point.py)."""
 
 import pytest
 
 from albert_jax import ModelConfig
 from albert_jax import config_lib
-from albert_jax.finetune import start
+from albert_jax.finetune import starting_point
 from albert_jax.text.tokenizer import Tokenizer
 from locations import TESTDATA
 
@@ -26,7 +26,7 @@ MODEL = ModelConfig(**{**config_lib.TINY, "vocab_size": 300})
 def test_more_pieces_than_the_embedding_is_refused(tiny_spm):
   big = Tokenizer.from_file(str(TESTDATA / "t5_c4_32k.model"))
   with pytest.raises(ValueError) as e:
-    start.check_tokenizer(big, None, MODEL, "t5.model", "/ckpt")
+    starting_point.check_tokenizer(big, None, MODEL, "t5.model", "/ckpt")
   assert str(e.value) == (
       f"config.data.tokenizer t5.model has {big.vocab_size} pieces but the "
       "model embeds 300 ids ([0, 299]), so its ids from 300 on would be "
@@ -37,12 +37,12 @@ def test_more_pieces_than_the_embedding_is_refused(tiny_spm):
 
 def test_same_size_other_pieces_is_refused_and_the_same_passes(tiny_spm):
   own = Tokenizer.from_file(tiny_spm)
-  start.check_tokenizer(Tokenizer.from_file(tiny_spm), own, MODEL, tiny_spm,
+  starting_point.check_tokenizer(Tokenizer.from_file(tiny_spm), own, MODEL, tiny_spm,
                       "/ckpt")
   other = Pieces(own.id_to_piece(i) for i in range(own.vocab_size))
   other.pieces[17] = "▁elsewhere"
   with pytest.raises(ValueError) as e:
-    start.check_tokenizer(other, own, MODEL, "other.model", "/ckpt")
+    starting_point.check_tokenizer(other, own, MODEL, "other.model", "/ckpt")
   assert str(e.value) == (
       "config.data.tokenizer other.model is not the tokenizer /ckpt was "
       f"pre-trained with (id 17 is '▁elsewhere' there and "

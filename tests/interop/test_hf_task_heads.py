@@ -10,7 +10,7 @@ import pytest
 
 import albert_jax
 from albert_jax import config_lib
-from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.model.config import ModelConfig
 
 torch = pytest.importorskip("torch")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import albert_jax
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
 """Tests for albert_jax.text.tokenizer (parity with transformers) and
-albert_jax.text.train (training a vocabulary, its CLI)."""
+albert_jax.text.train_tokenizer (training a vocabulary, its CLI)."""
 
 import glob
 import gzip
@@ -21,7 +21,7 @@ import pytest
 from albert_jax.text import documents as docs_lib
 from albert_jax.text import preprocess
 from albert_jax.text import tokenizer as tokenizer_lib
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
 BUNDLED = CORPUS.parent  # the bundled corpus's files
@@ -415,7 +415,7 @@ def test_cli_trains_a_model(tmp_path):
   out = tmp_path / "out" / "cli.model"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = subprocess.run(
-      [sys.executable, "-m", "albert_jax.text.train", "--input",
+      [sys.executable, "-m", "albert_jax.text.train_tokenizer", "--input",
        str(tmp_path / "*.txt*"), "--vocab_size", "400", "--output", str(out),
        "--num_threads", "2", "--user_symbols", "albert"],
       capture_output=True, text=True, env=env, timeout=120, check=False)

@@ -11,7 +11,7 @@ import pytest
 
 from albert_jax import storage
 from albert_jax.text import run_tokenizer
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 
 TEXTS = ["The quick brown fox jumps over the lazy dog!", "café naïve 9,000",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from albert_jax.text import train
+from albert_jax.text import train_tokenizer
 from albert_jax.text.tokenizer import Tokenizer
 from locations import CORPUS
 from locations import REPO
@@ -27,7 +27,7 @@ def _paragraph_corpus(path, lines=120, words=1200):
 
 def test_a_paragraph_per_line_corpus_trains_on_every_line(tmp_path):
   corpus = _paragraph_corpus(tmp_path / "c.txt")
-  model, stats = train.train_sentencepiece(
+  model, stats = train_tokenizer.train_sentencepiece(
       corpus, 100, output=tmp_path / "s.model", num_threads=1)
   # Every line is over SentencePiece's 4192-byte limit, which used to drop
   # them all and fail with its raw "[!sentences_.empty()]".
@@ -38,14 +38,14 @@ def test_a_paragraph_per_line_corpus_trains_on_every_line(tmp_path):
 def test_too_many_pieces_names_the_setting_and_the_limit(tmp_path):
   corpus = _paragraph_corpus(tmp_path / "c.txt", lines=20)
   with pytest.raises(ValueError) as e:
-    train.train_sentencepiece(corpus, 5000, output=tmp_path / "s.model",
+    train_tokenizer.train_sentencepiece(corpus, 5000, output=tmp_path / "s.model",
                               num_threads=1)
   message = str(e.value)
   assert message.startswith("A vocabulary of 5000 pieces is more than this "
                             "corpus supports (at most ")
   assert message.endswith(
       "); lower it (config.model.vocab_size when a run trains its own "
-      "tokenizer, --vocab_size for albert_jax.text.train) or train on more "
+      "tokenizer, --vocab_size for albert_jax.text.train_tokenizer) or train on more "
       "text.")
 
 
@@ -55,8 +55,8 @@ def test_a_megabyte_sentence_is_left_out_with_a_warning(tmp_path, caplog):
   corpus = _paragraph_corpus(tmp_path / "c.txt")
   with open(corpus, "a", encoding="utf-8") as f:
     f.write("w1 " * 34_000 + ".\n\n")
-  with caplog.at_level("WARNING", logger="albert_jax.text.train"):
-    _, stats = train.train_sentencepiece(
+  with caplog.at_level("WARNING", logger="albert_jax.text.train_tokenizer"):
+    _, stats = train_tokenizer.train_sentencepiece(
         corpus, 100, output=tmp_path / "s.model", num_threads=1)
   assert stats["sampled"] == 121
   assert ("1 of 121 sentences are over 65536 bytes and are left out of the "
@@ -79,7 +79,7 @@ def test_a_bpe_tokenizer_on_a_full_disk_is_one_line_and_leaves_nothing(
     def full_disk(limit=limit):
       resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     proc = subprocess.run(
-        [sys.executable, "-m", "albert_jax.text.train", "--type", "bpe",
+        [sys.executable, "-m", "albert_jax.text.train_tokenizer", "--type", "bpe",
          "--input", str(corpus), "--vocab_size", "1000", "--output",
          str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
         check=False, preexec_fn=full_disk,
@@ -96,5 +96,5 @@ def test_a_bpe_tokenizer_on_a_full_disk_is_one_line_and_leaves_nothing(
                          "Free space there (or choose another folder) and "
                          "run again; no partial tokenizer is left."), line
     assert not out.exists() or os.listdir(out) == [], os.listdir(out)
-  done = train.train(str(corpus), 1000, kind="bpe", output=str(out))
+  done = train_tokenizer.train(str(corpus), 1000, kind="bpe", output=str(out))
   assert done.vocab_size == 1000

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.tools import cross_eval
 from albert_jax.tools import sweep
 from albert_jax.training import pretrain

@@ -3,7 +3,7 @@ mock data: every GLUE task, SQuAD v1.1 and v2.0, then RACE; the reports
 recomputed by hand from the trials' own final_metrics.json, each trial's
 prediction files and the submission files checked. Seeds, medians over them
 and reruns are tested on a fake trainer (test_downstream.py); the RACE
-subsets high and middle in tests/finetune/test_finetune_tasks.py.
+subsets high and middle in tests/finetune/tasks/test_finetune_tasks.py.
 
 Every trial is one optimizer step of a tiny ALBERT through the real trainer
 (albert_jax.finetune.run), from the command line's own arguments. Two of

@@ -54,7 +54,7 @@ import pytest
 
 from albert_jax.data import pipeline
 from albert_jax.text import run_tokenizer
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from locations import CORPUS
 from locations import REPO
 

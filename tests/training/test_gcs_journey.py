@@ -138,7 +138,7 @@ def test_readme_pod_journey_on_cloud_storage(gcs_bucket, local_corpus,
   commands = readme_pod_commands()
   assert [c[:3] for c in commands] == [
       ["gcloud", "storage", "cp"],
-      ["python", "-m", "albert_jax.text.train"],
+      ["python", "-m", "albert_jax.text.train_tokenizer"],
       ["python", "-m", "albert_jax.data.prepare"],
       ["bash", "tpu_setup.sh", "create"], ["bash", "tpu_setup.sh", "install"],
       ["bash", "tpu_setup.sh", "run"]]

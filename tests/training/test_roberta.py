@@ -31,7 +31,7 @@ from albert_jax.data import pipeline
 from albert_jax.data.row_random import row_keys
 from albert_jax.interop import hf_config as hf_config_lib
 from albert_jax.text import run_tokenizer
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 from locations import CONFIGS
 from locations import CORPUS
@@ -298,7 +298,7 @@ def test_training_is_deterministic(corpus, tmp_path):
   """Same corpus and size: the same files, in this process and another."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cli = subprocess.run(
-      [sys.executable, "-m", "albert_jax.text.train", "--type", "bpe",
+      [sys.executable, "-m", "albert_jax.text.train_tokenizer", "--type", "bpe",
        "--input", corpus, "--vocab_size", "400", "--output",
        str(tmp_path / "cli")], capture_output=True, text=True, env=env,
       timeout=120, check=False)

@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune.squad import evaluate as squad_eval
-from albert_jax.finetune.squad import head as squad_head
-from albert_jax.finetune.squad import official
+from albert_jax.finetune.tasks.squad import evaluate as squad_eval
+from albert_jax.finetune.tasks.squad import head as squad_head
+from albert_jax.finetune.tasks.squad import official
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 
@@ -183,7 +183,7 @@ def featurize(records: list[dict], tokenizer, max_seq_length: int,
   cls_id, sep_id, pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
   if cls_id is None or sep_id is None:
     raise ValueError("SQuAD inputs need [CLS] and [SEP] pieces; this "
-                     "vocabulary has none (train one with albert_jax.text.train).")
+                     "vocabulary has none (train one with albert_jax.text.train_tokenizer).")
   pad_id = 0 if pad_id is None else pad_id
   # Questions on one context are featurized together, tokenizing it once.
   by_context = {}

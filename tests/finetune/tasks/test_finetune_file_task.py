@@ -1,4 +1,4 @@
-"""Tests for albert_jax.finetune.file_task: the user's TSV/CSV/JSONL tasks,
+"""Tests for albert_jax.finetune.tasks.classification.files: the user's TSV/CSV/JSONL tasks,
 their errors, metrics, prediction files, and splitting the bundled spam
 corpus."""
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from albert_jax.finetune import data_files
-from albert_jax.finetune import file_task
+from albert_jax.finetune.tasks.classification import files
 from albert_jax.finetune import run as ft
 from albert_jax.finetune import tabular
 from albert_jax.finetune import task as task_lib
@@ -75,7 +75,7 @@ def _data(**kw):
 def _task(tmp_path, ext=".tsv", train=ROWS, eval_rows=ROWS[:3], **kw):
   d = _data(train_file=_in_format(tmp_path / f"train{ext}", train),
             eval_file=_in_format(tmp_path / f"eval{ext}", eval_rows), **kw)
-  return file_task.make_task("files", d)
+  return files.make_task("files", d)
 
 
 ################################################################################
@@ -124,7 +124,7 @@ def test_label_order_header_and_regression(tmp_path, tok):
             eval_file=_in_format(tmp_path / "h.csv", ROWS, header=False),
             header=["text", "other", "label", "score"],
             label_column="score", task_type="regression")
-  task = file_task.make_task("files", d)
+  task = files.make_task("files", d)
   assert task.regression and task.metric == "pearson"
   split = task.load("eval", tok, SEQ)
   assert split.features["labels"].dtype == np.float32
@@ -150,7 +150,7 @@ def test_bundled_spam_first_rows(tmp_path, tok):
   # The file starts with its ham rows: training needs a spam row too.
   train = _write(tmp_path / "train.tsv",
                  "".join(head) + "spam\tcheap pills, click now\ttrain\n")
-  task = file_task.make_task("files", _data(train_file=train, eval_file=rows,
+  task = files.make_task("files", _data(train_file=train, eval_file=rows,
                                             labels=["ham", "spam"]))
   assert task.labels == ("ham", "spam") and task.metric == "accuracy"
   split = task.load("eval", tok, SEQ)
@@ -180,10 +180,10 @@ def test_errors_name_file_line_and_fix(tmp_path):
   d["eval_file"] = str(tmp_path / "missing.tsv")
   with pytest.raises(ValueError, match=r"data.eval_file .*missing.tsv' does "
                      "not exist"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, b"text\tlabel\nfine\tpos\ncaf\xe9\tpos\n")
   with pytest.raises(ValueError) as e:
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   assert str(e.value) == (
       f"{tsv}, line 3, byte 4 (offset 23): bytes b'\\xe9' are not UTF-8; "
       "the file looks like Latin-1 or Windows-1252 text. Re-save it as "
@@ -191,44 +191,44 @@ def test_errors_name_file_line_and_fix(tmp_path):
   d["eval_file"] = _write(tsv, "text\tlabel\na\tpos\nb\tneg\textra\n")
   with pytest.raises(ValueError, match=r"bad.tsv, line 3: 3 fields, but "
                      r"there are 2 columns \(text, label\)"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, "text\tlabel\n\na\tpos\nb\tmaybe\n")
   with pytest.raises(ValueError, match=r"bad.tsv, line 4 \(row 1\): label "
                      r"'maybe' does not occur in data.train_file"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, "sentence\tlabel\na\tpos\n")
   with pytest.raises(ValueError, match=r"no column 'text'; its columns are "
                      r"\['sentence', 'label'\]"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, "")
   with pytest.raises(ValueError, match="bad.tsv is empty"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tsv, "text\tlabel\n")
   with pytest.raises(ValueError, match="has no data rows below its header"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tmp_path / "bad.jsonl", '{"text": "a", "label": '
                           '"pos"}\n{"text": "b" "label": 1}\n')
   with pytest.raises(ValueError, match=r"bad.jsonl, line 2: invalid JSON"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tmp_path / "bad.jsonl",
                           '{"text": "a", "label": "pos"}\n{"label": "pos"}\n')
   with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no field 'text'"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   # A quoted CSV field spanning lines: the next row's line is still right.
   d["eval_file"] = _write(tmp_path / "bad.csv",
                           'text,label\n"two\nlines",pos\nb,pos,x\n')
   with pytest.raises(ValueError, match=r"bad.csv, line 4: 3 fields"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
   d["eval_file"] = _write(tmp_path / "bad.txt", "x")
   with pytest.raises(ValueError, match=r"unknown format '.txt'"):
-    file_task.make_task("files", _data(**d))
+    files.make_task("files", _data(**d))
 
 
 def test_a_lone_surrogate_is_refused_by_file_and_line(tmp_path):
   evalf = _write(tmp_path / "e.jsonl", '{"text": "fine", "label": "pos"}\n'
                  '{"text": "half \\udc00", "label": "neg"}\n')
   with pytest.raises(ValueError) as e:
-    file_task.make_task("files", _data(
+    files.make_task("files", _data(
         train_file=_in_format(tmp_path / "t.tsv", ROWS), eval_file=evalf))
   assert str(e.value) == (
       f"{evalf}, line 2: 'half \\udc00' holds a lone UTF-16 surrogate "
@@ -268,9 +268,9 @@ def test_config_errors(tmp_path):
          text_column="other", label_column="text", task_type="regression",
          train=[("1.5", "x", "pos", 1.0), ("inf", "y", "neg", 2.0)])
   with pytest.raises(ValueError, match="needs data.train_file"):
-    file_task.make_task("files", _data(eval_file="x.tsv"))
+    files.make_task("files", _data(eval_file="x.tsv"))
   with pytest.raises(ValueError, match=r"Unknown task 'glue/cola'"):
-    file_task.make_task("glue/cola", _data())
+    files.make_task("glue/cola", _data())
 
 
 def _message(tmp_path, ext=".tsv", **kw) -> str:
@@ -387,7 +387,7 @@ def test_an_eval_file_of_the_train_rows_is_warned_of_once(tmp_path, caplog):
       "files."]
   caplog.clear()
   with caplog.at_level(logging.WARNING, logger="albert_jax.finetune"):
-    file_task.make_task("files", _data(train_file=str(train_path),
+    files.make_task("files", _data(train_file=str(train_path),
                                        eval_file=str(train_path)))
   assert len(caplog.records) == 1
   assert "holds the same rows as" in caplog.records[0].getMessage()
@@ -454,7 +454,7 @@ def test_other_encodings_are_refused_with_the_place_and_the_fix(
   d = _data(train_file=_in_format(tmp_path / "train.tsv", ROWS),
             eval_file=path)
   with pytest.raises(tabular.FileFormatError) as e:
-    file_task.make_task("files", d)
+    files.make_task("files", d)
   assert str(e.value) == expected.format(path=path)
 
 
@@ -462,7 +462,7 @@ def test_a_utf8_byte_order_mark_is_dropped(tmp_path, tok):
   path = _write(tmp_path / "eval.csv", "\ufefftext,label\ncafé,pos\n")
   d = _data(train_file=_in_format(tmp_path / "train.tsv", ROWS),
             eval_file=path)
-  split = file_task.make_task("files", d).load("eval", tok, SEQ)
+  split = files.make_task("files", d).load("eval", tok, SEQ)
   assert split.examples.gold == ["pos"]
   ids = [tok.cls_id] + tok.encode("café") + [tok.sep_id]
   assert split.features["input_ids"][0, :len(ids)].tolist() == ids
@@ -584,7 +584,7 @@ def test_split_file_on_the_bundled_spam(tmp_path, tok):
     seen += [tuple(r.values()) for r in table.rows]
   # Every row lands in exactly one split.
   assert sorted(seen) == sorted(tuple(r.values()) for r in original.rows)
-  task = file_task.make_task("files", _data(
+  task = files.make_task("files", _data(
       train_file=result["train"]["path"], eval_file=result["eval"]["path"],
       test_file=result["test"]["path"]))
   assert task.labels == ("ham", "spam")

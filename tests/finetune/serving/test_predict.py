@@ -18,11 +18,11 @@ import pytest
 import tensorflow_datasets as tfds
 
 import albert_jax
-import albert_jax.text.train
+import albert_jax.text.train_tokenizer
 from albert_jax import config_lib
 from albert_jax import storage
-from albert_jax.finetune import predict as predict_lib
-from albert_jax.finetune import predict_files
+from albert_jax.finetune.serving import fine_tuned as predict_lib
+from albert_jax.finetune.serving import prediction_files
 from albert_jax.finetune import run as ft
 from albert_jax.interop import CheckpointError
 from albert_jax.interop import workdir as workdir_lib
@@ -139,7 +139,7 @@ def test_forward_refuses_ids_the_model_cannot_embed(classifier, tmp_path):
   tok_dir = copy / predict_lib.TOKENIZER_DIR
   for f in tok_dir.iterdir():
     f.unlink()
-  big = albert_jax.text.train.train(
+  big = albert_jax.text.train_tokenizer.train(
       [_write(tmp_path / "c.txt", [f"w{i} x{i} y{i}\n" for i in range(400)])],
       vocab + 50, output=str(tok_dir / "spiece.model"), seed=0)
   with pytest.raises(CheckpointError, match=re.escape(
@@ -157,7 +157,7 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
   source = tmp_path / "in.jsonl.gz"
   source.write_bytes(gzip.compress(rows.encode()))
   out = tmp_path / "out.jsonl"
-  assert predict_files.main([f"--model={workdir}", f"--input={source}",
+  assert prediction_files.main([f"--model={workdir}", f"--input={source}",
                            f"--output={out}", "--batch_size=4",
                            "--no_progress"]) == 0
   lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -168,7 +168,7 @@ def test_predict_cli_streams_a_gzipped_file(classifier, tmp_path, capsys):
       f"{len(texts)} predictions written to {out} (step 4 of {workdir}).")
   bad = tmp_path / "bad.tsv"
   bad.write_text("words\nhello\n")
-  assert predict_files.main([f"--model={workdir}", f"--input={bad}",
+  assert prediction_files.main([f"--model={workdir}", f"--input={bad}",
                            f"--output={out}", "--no_progress"]) == 2
   assert capsys.readouterr().err == (
       f"error: {bad}, line 2: no column 'text' (columns: ['words']); name "
@@ -251,7 +251,7 @@ def test_predict_cli_never_destroys_its_input_or_earlier_output(
   link = tmp_path / "link.jsonl"
   link.symlink_to(source)
   for same in (source, tmp_path / "." / "in.jsonl", link):
-    assert predict_files.main(args + [f"--input={source}",
+    assert prediction_files.main(args + [f"--input={source}",
                                       f"--output={same}"]) == 2
     assert capsys.readouterr().err == (
         f"error: --output={same} is the input file; writing the predictions "
@@ -259,14 +259,14 @@ def test_predict_cli_never_destroys_its_input_or_earlier_output(
         "--output=predictions.jsonl.\n")
     assert source.read_bytes() == before
   out = tmp_path / "out.jsonl"
-  assert predict_files.main(args + [f"--input={source}",
+  assert prediction_files.main(args + [f"--input={source}",
                                     f"--output={out}"]) == 0
   good = out.read_bytes()
   assert len(good.splitlines()) == len(texts)
   # A rerun that fails on its input keeps the earlier output as it was.
   bad = tmp_path / "bad.tsv"
   bad.write_text("words\nhello\n")
-  assert predict_files.main(args + [f"--input={bad}",
+  assert prediction_files.main(args + [f"--input={bad}",
                                     f"--output={out}"]) == 2
   assert "no column 'text'" in capsys.readouterr().err
   assert out.read_bytes() == good
@@ -282,7 +282,7 @@ def test_predict_cli_never_destroys_its_input_or_earlier_output(
        f"--output={tmp_path}/no/such/o.jsonl: its folder {tmp_path}/no/such "
        f"does not exist; create it (mkdir -p {tmp_path}/no/such) or write "
        "into an existing folder.")):
-    assert predict_files.main(
+    assert prediction_files.main(
         [f"--model={tmp_path}/not-a-workdir", "--no_progress",
          f"--input={source}", f"--output={out}", flag]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
@@ -312,14 +312,14 @@ def test_a_prediction_cut_short_leaves_no_file_under_its_name(classifier,
       return model.predict(inputs, batch_size=batch_size)
 
   with pytest.raises(KeyboardInterrupt):
-    predict_files.predict_file(Dies(), str(source), str(out), chunk_rows=2,
+    prediction_files.predict_file(Dies(), str(source), str(out), chunk_rows=2,
                                progress=False)
   assert len(seen) == 3
   for listing in seen[1:]:  # a temporary file beside, not the output
     assert len(listing) == 2 and listing[0] == "in.jsonl", listing
     assert re.fullmatch(r"out\.jsonl\.gz\.[0-9a-f]{32}\.tmp", listing[1])
   assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
-  assert predict_files.predict_file(model, str(source), str(out),
+  assert prediction_files.predict_file(model, str(source), str(out),
                                     progress=False) == len(texts)
   assert len(gzip.decompress(out.read_bytes()).splitlines()) == len(texts)
   assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl.gz"]
@@ -372,8 +372,8 @@ import json, sys
 import jax
 jax.config.update("jax_default_matmul_precision", "highest")
 import albert_jax
-from albert_jax.finetune import predict as predict_lib
-from albert_jax.finetune import predict_files
+from albert_jax.finetune.serving import fine_tuned as predict_lib
+from albert_jax.finetune.serving import prediction_files
 
 workdir, texts = sys.argv[1], json.loads(sys.argv[2])
 model = albert_jax.load_pretrained(workdir)
@@ -435,7 +435,7 @@ def test_prediction_is_sharded_as_training_is(classifier, tmp_path):
   assert out["devices"] == 4
   assert out["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
   assert out["fallback"] == {"data": 4, "fsdp": 1, "tensor": 1}
-  assert ("WARNING:albert_jax.finetune.predict:The run's mesh does not "
+  assert ("WARNING:albert_jax.finetune.serving.fine_tuned:The run's mesh does not "
           "fit: Mesh {'data': 16, 'fsdp': 4} has 64 devices but 4 are "
           "available; set one axis to -1 or fix the sizes in config.mesh. "
           "Predicting on mesh data=4, fsdp=1, tensor=1 instead."
@@ -493,7 +493,7 @@ def test_predict_cli_fake_devices_must_come_first(classifier, tmp_path,
                                                   capsys):
   workdir, _, _ = classifier
   with pytest.raises(SystemExit) as exit_info:
-    predict_files.main([f"--model={workdir}", "--input=x.tsv",
+    prediction_files.main([f"--model={workdir}", "--input=x.tsv",
                       f"--output={tmp_path / 'out.jsonl'}",
                       "--num_fake_devices=4"])
   assert exit_info.value.code == 2

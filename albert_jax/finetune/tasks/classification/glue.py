@@ -43,8 +43,8 @@ from typing import Optional
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune import classification
-from albert_jax.finetune import metrics as task_metrics
+from albert_jax.finetune.tasks.classification import single_label
+from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
 from albert_jax.finetune import task as task_lib
 
 _NLI3 = ("entailment", "neutral", "contradiction")
@@ -119,7 +119,7 @@ class Rows:
   file: Optional[str]
 
 
-class GlueTask(classification.SingleLabelTask):
+class GlueTask(single_label.SingleLabelTask):
   """One GLUE task (see the module docstring)."""
 
   def __init__(self, name: str, spec: Spec, data, predict_splits):
@@ -153,7 +153,7 @@ class GlueTask(classification.SingleLabelTask):
       raise ValueError(f"TFDS {tfds_name} split {tfds_split!r} is empty.")
     order = np.argsort(columns["idx"], kind="stable")
     texts = [[_text(columns[k][i]) for i in order] for k in self.spec.texts]
-    features = classification.encode_texts(tokenizer, texts[0],
+    features = single_label.encode_texts(tokenizer, texts[0],
                                   texts[1] if len(texts) > 1 else None,
                                   max_seq_length)
     dtype = np.float32 if self.regression else np.int32
@@ -197,7 +197,7 @@ class GlueTask(classification.SingleLabelTask):
 
   def evaluate(self, predictions: dict[str, np.ndarray],
                split: task_lib.Split) -> dict[str, float]:
-    pred = classification.row_predictions(predictions, split)
+    pred = single_label.row_predictions(predictions, split)
     labels = split.features["labels"]
     if self.regression:
       return task_metrics.pearson_and_spearman(pred, labels)
@@ -220,7 +220,7 @@ class GlueTask(classification.SingleLabelTask):
                         split: task_lib.Split, directory: str) -> list[str]:
     """The GLUE submission file (prediction splits) and, for a labelled
     split, `<split>_predictions.tsv` with idx, prediction and label."""
-    pred = classification.row_predictions(predictions, split)
+    pred = single_label.row_predictions(predictions, split)
     rows: Rows = split.examples
     root = storage.path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ one. Choice j is `[CLS] context [SEP] qa_j [SEP]`, qa_j the question with
 its "_" blank filled by ending j, or question and ending joined by a space,
 or the ending alone without a question; qa_j keeps its last
 `max_qa_length` tokens and the context is cut to fit, as RACE
-(`albert_jax.finetune.multiple_choice` holds the featurization, head, loss
+(`albert_jax.finetune.tasks.multiple_choice.choices` holds the featurization, head, loss
 and accuracy both share). A softmax over the N choice logits gives the answer; metric
 accuracy.
 
@@ -29,12 +29,14 @@ import os
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune import multiple_choice
 from albert_jax.finetune import tabular
 from albert_jax.finetune.task import Split
+from albert_jax.finetune.tasks.multiple_choice import choices
+
+TASKS = ("choice/files",)
 
 
-class ChoiceFilesTask(multiple_choice.MultipleChoiceTask):
+class ChoiceFilesTask(choices.MultipleChoiceTask):
   """SWAG-style multiple choice from the user's files; `num_choices` is
   their number of endings."""
   name = "choice/files"
@@ -113,7 +115,7 @@ class ChoiceFilesTask(multiple_choice.MultipleChoiceTask):
       raise ValueError(f"choice/files has no split {split!r}; choose one of "
                        f"{tuple(self._records)}.")
     records = self._records[split]
-    features = multiple_choice.featurize(records, tokenizer,
+    features = choices.featurize(records, tokenizer,
                                          max_seq_length, self.max_qa_length)
     return Split(name=split, features=features,
                  has_labels=bool(records) and records[0]["label"] >= 0)
@@ -154,7 +156,6 @@ def _field(row: dict, name: str, where: str, kinds=str):
 
 def make_task(name: str, data) -> ChoiceFilesTask:
   """The user's multiple-choice task; name "choice/files"."""
-  if name != "choice/files":
-    raise ValueError(f"Unknown task {name!r}; this module defines "
-                     "('choice/files',).")
+  if name not in TASKS:
+    raise ValueError(f"Unknown task {name!r}; this module defines {TASKS}.")
   return ChoiceFilesTask(data)

@@ -1,7 +1,7 @@
 """Files of inputs → JSONL files of a fine-tuned model's predictions.
 
 `predict_file` streams a TSV/CSV/JSONL(.gz) file's rows, a chunk at a time,
-through `FineTuned.predict` (`albert_jax.finetune.predict`) into a JSONL
+through `FineTuned.predict` (`albert_jax.finetune.serving.fine_tuned`) into a JSONL
 file; `main` is its command line (`python -m albert_jax.predict`).
 """
 
@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"--num_fake_devices={fake} takes effect only as JAX "
                  f"starts, but it has started with {jax.device_count()} "
                  "device(s); pass it to `python -m albert_jax.predict`.")
-  from albert_jax.finetune import predict as predict_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.serving import fine_tuned as predict_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.interop import CheckpointError  # pylint: disable=g-import-not-at-top
   step = args.step
   if step not in (None, "best"):

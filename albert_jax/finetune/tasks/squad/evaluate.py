@@ -10,7 +10,7 @@ kept. The answer text is the original context between the characters of the
 span's first and last tokens, so no detokenisation is involved.
 
 The official metrics (the v1.1 and v2.0 scripts, and the v2.0 no-answer
-threshold tuning) are in `albert_jax.finetune.squad.official`; their names
+threshold tuning) are in `albert_jax.finetune.tasks.squad.official`; their names
 are importable from here too.
 """
 
@@ -25,14 +25,14 @@ from typing import Optional, Sequence
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune.squad.official import f1_v1
-from albert_jax.finetune.squad.official import f1_v2
-from albert_jax.finetune.squad.official import find_best_thresh
-from albert_jax.finetune.squad.official import normalize_answer
-from albert_jax.finetune.squad.official import raw_scores_v2
-from albert_jax.finetune.squad.official import squad_v1_metrics
-from albert_jax.finetune.squad.official import squad_v2_metrics
-from albert_jax.finetune.squad.official import tune_null_threshold
+from albert_jax.finetune.tasks.squad.official import f1_v1
+from albert_jax.finetune.tasks.squad.official import f1_v2
+from albert_jax.finetune.tasks.squad.official import find_best_thresh
+from albert_jax.finetune.tasks.squad.official import normalize_answer
+from albert_jax.finetune.tasks.squad.official import raw_scores_v2
+from albert_jax.finetune.tasks.squad.official import squad_v1_metrics
+from albert_jax.finetune.tasks.squad.official import squad_v2_metrics
+from albert_jax.finetune.tasks.squad.official import tune_null_threshold
 
 __all__ = ["Answers", "SquadExamples", "beam_answers", "beam_candidates",
            "f1_v1", "f1_v2", "find_best_thresh", "logit_candidates",

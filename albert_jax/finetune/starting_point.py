@@ -84,7 +84,7 @@ def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
   overrides = {k: v for k, v in config.model.items() if v is not None}
   lm_aux = lm_aux_weight(config) > 0
   if config.init:
-    from albert_jax.finetune.loading import load_pretrained  # pylint: disable=g-import-not-at-top
+    from albert_jax.finetune.serving.load_pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
     pre = load_pretrained(config.init, **overrides)
     lm_aux_weight(config, pre.model_config)
     if pre.tokenizer is None and not config.data.get("tokenizer"):

@@ -8,7 +8,7 @@ option alone without a question (SWAG-style endings). qa_j keeps its last
 official `race_utils.convert_single_example`. The head scores each choice
 from its pooled [CLS] output (dropout, dense → 1); a softmax over the C
 choices gives the answer, trained with cross entropy and scored by
-accuracy. RACE (`race.py`) and the user's files (`choice.py`) differ only
+accuracy. RACE (`race.py`) and the user's files (`files.py`) differ only
 in where rows come from and which files they write (`MultipleChoiceTask`).
 The models they fine-tune are `MULTIPLE_CHOICE`: (context, endings) or
 (context, question, endings) → {"choice", "answer", "probabilities",
@@ -55,7 +55,7 @@ def featurize(records: list[dict], tokenizer, max_seq_length: int,
   if tokenizer.cls_id is None or tokenizer.sep_id is None:
     raise ValueError("Multiple-choice inputs need [CLS] and [SEP] pieces; "
                      "this vocabulary has none (train one with "
-                     "albert_jax.text.train).")
+                     "albert_jax.text.train_tokenizer).")
   if max_seq_length < max_qa_length + 4:
     raise ValueError(
         f"max_seq_length={max_seq_length} leaves no room for the article "
@@ -186,6 +186,7 @@ class MultipleChoiceType(task_type_lib.TaskType):
   "choices_column").
   """
   name = "multiple_choice"
+  hf_class = "ForMultipleChoice"
 
   def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
     return MultipleChoiceHead(cfg)

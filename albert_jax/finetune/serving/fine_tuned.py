@@ -31,7 +31,7 @@ logical axis rules the run recorded (its config.json's `mesh` and
 `sharding_rules`; the defaults of `albert_jax.sharding` otherwise), the
 parameters placed by their logical axes and every batch split over the
 data axes, padded to a multiple of their size.
-`albert_jax.finetune.predict_files` streams a TSV/CSV/JSONL(.gz) file into
+`albert_jax.finetune.serving.prediction_files` streams a TSV/CSV/JSONL(.gz) file into
 a JSONL file of predictions and is the command line
 (`python -m albert_jax.predict`).
 """
@@ -95,8 +95,9 @@ def task_info_problem(info: dict, cfg: ModelConfig) -> str | None:
   damaged or crafted file never allocates (a max_seq_length of 10**12 asked
   numpy for terabytes). The task type checks its own fields."""
   kind = info.get("task_type")
-  if not isinstance(kind, str) or kind not in registry.TASK_TYPES:
-    return f"task_type {kind!r} is not one of {tuple(registry.TASK_TYPES)}"
+  kinds = registry.task_types()
+  if not isinstance(kind, str) or kind not in kinds:
+    return f"task_type {kind!r} is not one of {tuple(kinds)}"
   if not isinstance(info.get("task"), str):
     return f"task {info.get('task')!r} is not a task name"
   t = info.get("max_seq_length")
@@ -309,7 +310,7 @@ class FineTuned:
 
   Attributes:
     task: the task's name ("files", "glue/mrpc", "squad/v2.0", ...).
-    task_type: its kind, a key of `registry.TASK_TYPES`.
+    task_type: its kind, a key of `registry.task_types()`.
     labels: the label (tag) names in class order; None for regression,
       multiple choice and question answering.
     model_config: the encoder's ModelConfig.

@@ -2,7 +2,7 @@
 
 A fine-tuning workdir (its `task.json`) or a transformers task checkpoint
 (`{Family}For{Task}`) loads with its task head as a
-`albert_jax.finetune.predict.FineTuned`, whose `predict` takes raw text;
+`albert_jax.finetune.serving.fine_tuned.FineTuned`, whose `predict` takes raw text;
 everything else is a pre-trained encoder, read by
 `albert_jax.interop.pretrained.load_pretrained` into a `Pretrained`. The
 readers of each format live in `albert_jax.interop`; this is the one place
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from albert_jax.finetune import predict as predict_lib
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune import registry
 from albert_jax.interop import CheckpointError
 from albert_jax.interop import hf_task_heads
@@ -44,7 +44,7 @@ def load_pretrained(path: str, step: int | str | None = None,
       `albert_jax.interop.pretrained.load_pretrained`).
 
   Returns:
-    A `albert_jax.finetune.predict.FineTuned` for a fine-tuning workdir or
+    A `albert_jax.finetune.serving.fine_tuned.FineTuned` for a fine-tuning workdir or
     a transformers task checkpoint, else a
     `albert_jax.interop.pretrained.Pretrained`. Heads the checkpoint lacks
     are listed in `.missing` and logged; they are never initialised
@@ -65,9 +65,16 @@ def load_pretrained(path: str, step: int | str | None = None,
     return predict_lib.load(path, step, **overrides)
   loaded = sources.load(path, step, overrides)
   if isinstance(loaded, sources.TaskCheckpoint):
+    kind = registry.task_type_of_hf(loaded.task_class, loaded.hf_config)
+    if kind is None:
+      classes = sorted({k.hf_class for k in registry.task_types().values()
+                        if k.hf_class})
+      raise CheckpointError(
+          f"{loaded.source} holds a transformers {loaded.task_class} model, "
+          f"which albert_jax has no task type for; it reads "
+          f"{', '.join(classes)} (and encoder classes).")
     try:
-      fields = hf_task_heads.from_hf(loaded,
-                                     registry.task_type(loaded.task_type))
+      fields = hf_task_heads.from_hf(loaded, kind)
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointError(f"{loaded.source}: {e}") from e
     return predict_lib.FineTuned(tokenizer=loaded.tokenizer, **fields)

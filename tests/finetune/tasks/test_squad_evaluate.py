@@ -1,4 +1,4 @@
-"""Tests for albert_jax.finetune.squad.evaluate: n-best spans and official
+"""Tests for albert_jax.finetune.tasks.squad.evaluate: n-best spans and official
 metrics, on hand-worked cases."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from albert_jax.finetune.squad import evaluate as se
-from albert_jax.finetune.squad import official
+from albert_jax.finetune.tasks.squad import evaluate as se
+from albert_jax.finetune.tasks.squad import official
 
 # "alpha beta gamma delta epsilon", read through two windows of three context
 # tokens (stride 2): [CLS] q [SEP] w0 w1 w2 [SEP] pad.

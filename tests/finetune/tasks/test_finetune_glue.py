@@ -1,5 +1,5 @@
-"""Tests for albert_jax.finetune.glue (and the shared head in
-classification.py), on TFDS's mock data: features, head, losses, metrics and
+"""Tests for albert_jax.finetune.tasks.classification.glue (and the shared head in
+single_label.py), on TFDS's mock data: features, head, losses, metrics and
 submission files."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from albert_jax.finetune import classification
-from albert_jax.finetune import glue
+from albert_jax.finetune.tasks.classification import single_label
+from albert_jax.finetune.tasks.classification import glue
 from albert_jax.finetune import task as task_lib
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import objectives
@@ -275,7 +275,7 @@ def test_zero_weight_rows_change_nothing(fast_compile):
   for s in (sums, other):
     np.testing.assert_allclose(s["loss_sum"], expected, rtol=1e-6)
     assert s["correct"] == 1.0 and s["weight"] == 1.5
-  reg = jax.jit(classification.squared_error_sums,
+  reg = jax.jit(single_label.squared_error_sums,
                 compiler_options=fast_compile)(
       jnp.array([1.0, 2.0, jnp.nan]), jnp.array([0.5, 4.0, 1.0]), weights)
   np.testing.assert_allclose(reg["loss_sum"], 0.25 + 0.5 * 4.0)

@@ -60,8 +60,8 @@ import numpy as np
 
 from albert_jax import hints
 from albert_jax import storage
-from albert_jax.finetune import classification
-from albert_jax.finetune import metrics as task_metrics
+from albert_jax.finetune.tasks.classification import single_label
+from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
 from albert_jax.finetune import tabular
 from albert_jax.finetune import task as task_lib
 from albert_jax.finetune.tabular import column
@@ -96,7 +96,7 @@ class Rows:
   gold: Optional[list[str]]
 
 
-class FilesTask(classification.SingleLabelTask):
+class FilesTask(single_label.SingleLabelTask):
   """A task defined by the user's files (see the module docstring)."""
   name = "files"
 
@@ -286,7 +286,7 @@ class FilesTask(classification.SingleLabelTask):
                        f"of {tuple(self._tables)}.")
     table = self._tables[split]
     texts = [self._texts(table, name, split) for name in self.text_columns]
-    features = classification.encode_texts(
+    features = single_label.encode_texts(
         tokenizer, texts[0], texts[1] if len(texts) > 1 else None,
         max_seq_length)
     targets = self._targets[split]
@@ -302,7 +302,7 @@ class FilesTask(classification.SingleLabelTask):
 
   def evaluate(self, predictions: dict[str, np.ndarray],
                split: task_lib.Split) -> dict[str, float]:
-    pred = classification.row_predictions(predictions, split)
+    pred = single_label.row_predictions(predictions, split)
     labels = split.features["labels"]
     if self.regression:
       return task_metrics.pearson_and_spearman(pred, labels)
@@ -311,7 +311,7 @@ class FilesTask(classification.SingleLabelTask):
   def write_predictions(self, predictions: dict[str, np.ndarray],
                         split: task_lib.Split, directory: str) -> list[str]:
     """`<split>_predictions.tsv`: row, prediction (and label)."""
-    pred = classification.row_predictions(predictions, split)
+    pred = single_label.row_predictions(predictions, split)
     rows: Rows = split.examples
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")

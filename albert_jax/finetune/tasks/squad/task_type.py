@@ -15,9 +15,9 @@ import flax.linen as nn
 import numpy as np
 
 from albert_jax.finetune import task_type as task_type_lib
-from albert_jax.finetune.squad import evaluate as squad_eval
-from albert_jax.finetune.squad import head as squad_head
-from albert_jax.finetune.squad import task as squad_task
+from albert_jax.finetune.tasks.squad import evaluate as squad_eval
+from albert_jax.finetune.tasks.squad import head as squad_head
+from albert_jax.finetune.tasks.squad import task as squad_task
 from albert_jax.finetune.task_type import PredictError
 from albert_jax.model.config import ModelConfig
 
@@ -51,6 +51,7 @@ class QuestionAnsweringType(task_type_lib.TaskType):
   name = "question_answering"
   pooled = False
   hf_head = "qa_outputs"
+  hf_class = "ForQuestionAnswering"
 
   def task_info_problem(self, info: dict) -> str | None:
     kinds = squad_task.V2_HEADS + ("span",)

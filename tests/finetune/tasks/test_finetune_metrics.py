@@ -1,4 +1,4 @@
-"""Tests for albert_jax.finetune.metrics: parity with scikit-learn and SciPy,
+"""Tests for albert_jax.finetune.tasks.classification.official_metrics: parity with scikit-learn and SciPy,
 and hand-worked values."""
 
 import warnings
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import numpy as np
 import pytest
 
-from albert_jax.finetune import metrics as task_metrics
+from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 stats = pytest.importorskip("scipy.stats")

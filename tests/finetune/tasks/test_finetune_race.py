@@ -9,8 +9,8 @@ from locations import CONFIGS
 import numpy as np
 import pytest
 
-from albert_jax.finetune import multiple_choice
-from albert_jax.finetune import race
+from albert_jax.finetune.tasks.multiple_choice import choices
+from albert_jax.finetune.tasks.multiple_choice import race
 from albert_jax.finetune import task as task_lib
 from albert_jax.model.config import ModelConfig
 
@@ -88,9 +88,9 @@ def test_the_race_config_makes_the_task(subset):
 
 
 def test_qa_text():
-  assert multiple_choice.qa_text("The committee discussed _ .", "the budget") == (
+  assert choices.qa_text("The committee discussed _ .", "the budget") == (
       "The committee discussed the budget .")
-  assert multiple_choice.qa_text("Where?", "In Paris") == "Where? In Paris"
+  assert choices.qa_text("Where?", "In Paris") == "Where? In Paris"
 
 
 def test_features(tok):
@@ -108,7 +108,7 @@ def test_features(tok):
     for c in range(4):
       # The question+option keeps its last 6 tokens; the article fills the
       # remaining SEQ - 3 - len(qa).
-      qa = tok.encode(multiple_choice.qa_text(a["questions"][q], a["options"][q][c]))[-6:]
+      qa = tok.encode(choices.qa_text(a["questions"][q], a["options"][q][c]))[-6:]
       context = article[:SEQ - 3 - len(qa)]
       expected = [tok.cls_id] + context + [tok.sep_id] + qa + [tok.sep_id]
       n = len(expected)

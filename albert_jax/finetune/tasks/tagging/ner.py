@@ -9,7 +9,7 @@ head is dropout then dense(num_labels) on every token's output; the loss is
 each row's mean cross entropy over its labelled sub-words.
 
 Metrics: conlleval's entity-level precision, recall and F1
-(`albert_jax.finetune.conlleval`; "f1" selects the checkpoint) and token
+(`albert_jax.finetune.tasks.tagging.conlleval`; "f1" selects the checkpoint) and token
 accuracy. Prediction files: `<split>_predictions.txt`, "word gold
 guessed" per line and a blank line after each sentence, the input
 conlleval.pl reads.
@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from albert_jax import storage
-from albert_jax.finetune import conlleval
+from albert_jax.finetune.tasks.tagging import conlleval
 from albert_jax.finetune import packing
 from albert_jax.finetune import tabular
 from albert_jax.finetune import task_type as task_type_lib
@@ -402,6 +402,7 @@ class TokenClassificationType(task_type_lib.TaskType):
   labelled = True
   pooled = False
   head_layer = "classifier"
+  hf_class = "ForTokenClassification"
   packable = True
   token_keys = ("logits",)
 

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from albert_jax.finetune import task as task_lib
-from albert_jax.finetune.squad import head as squad_head
-from albert_jax.finetune.squad import task as squad
+from albert_jax.finetune.tasks.squad import head as squad_head
+from albert_jax.finetune.tasks.squad import task as squad
 from albert_jax.model.config import ModelConfig
-from albert_jax.text import train as text_train
+from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.preprocess import ALBERT_USER_SYMBOLS
 from albert_jax.text.preprocess import preprocess_text
 from albert_jax.text.preprocess import preprocess_with_alignment

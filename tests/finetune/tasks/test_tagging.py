@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from albert_jax.finetune import conlleval
+from albert_jax.finetune.tasks.tagging import conlleval
 from albert_jax.finetune import tabular
-from albert_jax.finetune import tagging
+from albert_jax.finetune.tasks.tagging import ner
 
 SEQ = 16
 
@@ -54,7 +54,7 @@ def test_conll_files_and_first_subword_labels(tmp_path, tiny_tokenizer):
   train.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\n"
                    "rejects VBZ B-VP O\nGerman JJ B-NP B-MISC\n\n"
                    "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n")
-  task = tagging.make_task("ner/files", ml_collections.ConfigDict(dict(
+  task = ner.make_task("ner/files", ml_collections.ConfigDict(dict(
       train_file=str(train), eval_file=str(train))))
   assert task.labels == ("O", "B-MISC", "B-ORG", "B-PER", "I-PER")
   assert task.describe() == {"task_type": "token_classification",
@@ -79,7 +79,7 @@ def test_conll_files_and_first_subword_labels(tmp_path, tiny_tokenizer):
   bad.write_text("EU B-ORG\nrejects\n")
   with pytest.raises(tabular.FileFormatError, match=(
       r"^data.train_file .*bad.txt, line 2: 'rejects' has no tag")):
-    tagging.make_task("ner/files", {"train_file": str(bad),
+    ner.make_task("ner/files", {"train_file": str(bad),
                                     "eval_file": str(train)})
 
 
@@ -94,7 +94,7 @@ def test_tags_other_than_iob_are_refused_with_the_renaming(tmp_path, tags,
   train = tmp_path / "train.txt"
   train.write_text(f"Peter {tags[0]}\nsings {tags[1]}\n")
   with pytest.raises(tabular.FileFormatError) as e:
-    tagging.make_task("ner/files", {"train_file": str(train),
+    ner.make_task("ner/files", {"train_file": str(train),
                                     "eval_file": str(train)})
   assert str(e.value) == (
       f"data.train_file {train} has tags [{tags[0]!r}] that are not IOB "
@@ -105,7 +105,7 @@ def test_tags_other_than_iob_are_refused_with_the_renaming(tmp_path, tags,
   good.write_text("Peter B-PER\nsings O\n")
   with pytest.raises(tabular.FileFormatError, match=r"^data.labels has tags "
                      r"\['PER'\] that are not IOB tags"):
-    tagging.make_task("ner/files", {"train_file": str(good),
+    ner.make_task("ner/files", {"train_file": str(good),
                                     "eval_file": str(good),
                                     "labels": ["O", "B-PER", "PER"]})
 
@@ -115,12 +115,12 @@ def test_conll_files_in_other_encodings_are_refused(tmp_path):
   mark is dropped; Latin-1 is refused with the line, byte and fix."""
   good = tmp_path / "good.txt"
   good.write_bytes("\ufeffZoë B-PER\nrejects O\n".encode("utf-8"))
-  assert tagging.read_conll(str(good)) == ([["Zoë", "rejects"]],
+  assert ner.read_conll(str(good)) == ([["Zoë", "rejects"]],
                                            [["B-PER", "O"]])
   bad = tmp_path / "latin1.txt"
   bad.write_bytes("EU B-ORG\nZoë B-PER\n".encode("latin-1"))
   with pytest.raises(tabular.FileFormatError) as e:
-    tagging.read_conll(str(bad))
+    ner.read_conll(str(bad))
   assert str(e.value) == (
       f"{bad}, line 2, byte 3 (offset 11): bytes b'\\xeb' are not UTF-8; "
       "the file looks like Latin-1 or Windows-1252 text. Re-save it as "
@@ -128,7 +128,7 @@ def test_conll_files_in_other_encodings_are_refused(tmp_path):
 
 
 def test_tfds_conll2003_mock_data(tiny_tokenizer):
-  task = tagging.make_task("ner/conll2003", {"tfds_download": False})
+  task = ner.make_task("ner/conll2003", {"tfds_download": False})
   with tfds.testing.mock_data(num_examples=3):
     split = task.load("validation", tiny_tokenizer, SEQ)
   assert task.labels == ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC",
@@ -146,9 +146,9 @@ def test_tfds_conll2003_mock_data(tiny_tokenizer):
 
 def test_entities_have_character_offsets():
   text = "  Peter  Blackburn visits Paris."
-  words, spans = tagging.split_words(text)
+  words, spans = ner.split_words(text)
   assert words == ["Peter", "Blackburn", "visits", "Paris."]
-  got = tagging.entities(text, spans, ["B-PER", "I-PER", "O", "B-LOC"])
+  got = ner.entities(text, spans, ["B-PER", "I-PER", "O", "B-LOC"])
   assert got == [
       {"text": "Peter  Blackburn", "label": "PER", "start": 2, "end": 18},
       {"text": "Paris.", "label": "LOC", "start": 26, "end": 32}]

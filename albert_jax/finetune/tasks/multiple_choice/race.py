@@ -5,7 +5,7 @@ choices, choice j being `[CLS] article [SEP] question+option_j [SEP]` where
 question+option is the question with its "_" blank filled by the option, or
 question and option joined by a space when there is no blank. The
 featurization, head, loss and accuracy are those of
-`albert_jax.finetune.multiple_choice`, which choice/files shares.
+`albert_jax.finetune.tasks.multiple_choice.choices`, which choice/files shares.
 
 `make_task("race/high" | "race/middle" | "race/all", data)` reads these
 `config.data` keys:
@@ -28,7 +28,7 @@ import re
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune import multiple_choice
+from albert_jax.finetune.tasks.multiple_choice import choices
 from albert_jax.finetune.task import Split
 
 TASKS = ("race/high", "race/middle", "race/all")
@@ -87,7 +87,7 @@ def read_tfds(level: str, split: str, data_dir=None,
   return out
 
 
-class RaceTask(multiple_choice.MultipleChoiceTask):
+class RaceTask(choices.MultipleChoiceTask):
   """RACE: accuracy over questions (and per level for "race/all")."""
   num_choices = NUM_CHOICES
   train_split = "train"
@@ -113,7 +113,7 @@ class RaceTask(multiple_choice.MultipleChoiceTask):
                for r in read_tfds(level, split, self.data_dir, self.download)]
     if not records:
       raise ValueError(f"TFDS {self.name} split {split!r} is empty.")
-    features = multiple_choice.featurize(records, tokenizer,
+    features = choices.featurize(records, tokenizer,
                                          max_seq_length, self.max_qa_length)
     examples = {"ids": [r["id"] for r in records],
                 "levels": np.asarray([r["level"] for r in records]),

@@ -10,9 +10,9 @@ preprocessing as `Tokenizer.encode`, so training and encoding agree.
 Corpora and outputs are local or `gs://` (`albert_jax.storage`); a model
 for Cloud Storage is trained in a local temporary directory and copied.
 
-  python -m albert_jax.text.train --input 'corpus/*.txt.gz' \
+  python -m albert_jax.text.train_tokenizer --input 'corpus/*.txt.gz' \
       --vocab_size 30000 --output spiece.model
-  python -m albert_jax.text.train --type bpe --input 'corpus/*.gz' \
+  python -m albert_jax.text.train_tokenizer --type bpe --input 'corpus/*.gz' \
       --vocab_size 50265 --output roberta_bpe/
 """
 
@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator, Sequence, Union
 from albert_jax import storage
 from albert_jax.text import documents as documents_lib
 from albert_jax.text import bpe as bpe_lib
-from albert_jax.text import staging
+from albert_jax.text import local_copies
 from albert_jax.text.preprocess import ALBERT_USER_SYMBOLS
 from albert_jax.text.preprocess import CONTROL_SYMBOLS
 from albert_jax.text.preprocess import preprocess_text
@@ -195,7 +195,7 @@ def train_sentencepiece(
                                        model_prefix=os.path.join(tmp, name),
                                        **options)
         _check_written(os.path.join(tmp, name))
-        staging.publish(tmp, storage.path(prefix).parent,
+        local_copies.publish(tmp, storage.path(prefix).parent,
                         last=name + ".model")
   except RuntimeError as e:
     if _WRITE_FAILED.search(str(e)):
@@ -216,7 +216,7 @@ def train_sentencepiece(
         f"A vocabulary of {vocab_size} pieces is more than this corpus "
         f"supports (at most {limit.group(2)}); lower it "
         "(config.model.vocab_size when a run trains its own tokenizer, "
-        "--vocab_size for albert_jax.text.train) or train on more text."
+        "--vocab_size for albert_jax.text.train_tokenizer) or train on more text."
     ) from e
   return prefix + ".model", _stats(counts, stats, len(sample), start)
 
@@ -346,7 +346,7 @@ _BPE_ONLY = ("min_frequency",)
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog="python -m albert_jax.text.train",
+      prog="python -m albert_jax.text.train_tokenizer",
       description="Train an ALBERT SentencePiece model or a RoBERTa "
       "byte-level BPE.")
   p.add_argument("--type", default="sentencepiece", choices=KINDS)

@@ -1,6 +1,6 @@
 """One label per row: the classification/regression head and what it shares.
 
-GLUE (`glue.py`) and the user's own files (`file_task.py`) differ only in
+GLUE (`glue.py`) and the user's own files (`files.py`) differ only in
 where rows come from, how they are scored and which files they write. The
 head, its losses, the per-row predictions and the `[CLS] a [SEP] b [SEP]`
 featurization are the same and live here, as do the task types of the
@@ -221,6 +221,11 @@ class SingleLabelType(task_type_lib.TaskType):
     self.problem_type = ("regression" if regression
                          else "single_label_classification")
     self.packable = True  # one [CLS] → one output per input
+    self.hf_class = "ForSequenceClassification"
+
+  def reads_hf(self, hf_config: dict) -> bool:
+    # One class for both; transformers tells them by problem_type.
+    return (hf_config.get("problem_type") == "regression") == self.regression
 
   def head(self, info: dict, cfg: ModelConfig) -> nn.Module:
     return ClassifierHead(cfg,
