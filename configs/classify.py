@@ -10,7 +10,7 @@ Sentence pairs: `--config.data.text_columns="('question','answer')"`.
 Regression: `--config.data.task_type=regression`. A test file
 (`--config.data.test_file`) is predicted with the best checkpoint; files go
 to `workdir/predictions`. Every key the files task reads is listed in
-albert_jax/finetune/files.py.
+albert_jax/finetune/tasks/classification/files.py.
 
 Arguments: `steps=N` (default 1000), `lr=X` (default 2e-5), `batch=N`
 (default 32), `seq=N` (default 128).

@@ -197,8 +197,8 @@ def load_config(file, arg=None):
 TASK_CHOICES = (
     "('glue/cola', 'glue/sst2', 'glue/mrpc', 'glue/qqp', 'glue/stsb', "
     "'glue/mnli', 'glue/qnli', 'glue/rte', 'glue/wnli', 'glue/ax', "
-    "'squad/v1.1', 'squad/v2.0', 'race/high', 'race/middle', 'race/all', "
-    "'files', 'ner/files', 'ner/conll2003', 'choice/files')")
+    "'files', 'race/high', 'race/middle', 'race/all', 'choice/files', "
+    "'squad/v1.1', 'squad/v2.0', 'ner/files', 'ner/conll2003')")
 
 
 def test_misspelt_finetuning_names_are_refused_with_the_closest():
@@ -211,8 +211,8 @@ def test_misspelt_finetuning_names_are_refused_with_the_closest():
   assert str(e.value) == (
       "Unknown task config.data.task='ner/file' (did you mean 'ner/files'?); "
       "use glue/NAME (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli, "
-      "ax) or squad/v1.1, squad/v2.0, race/high, race/middle, race/all, "
-      "files, ner/files, ner/conll2003, choice/files ('files', ner/files "
+      "ax) or files, race/high, race/middle, race/all, choice/files, "
+      "squad/v1.1, squad/v2.0, ner/files, ner/conll2003 ('files', ner/files "
       "and choice/files read your own TSV/CSV/JSONL, CoNLL-format and "
       "multiple-choice files).")
   classify = load_config("classify.py")

@@ -34,8 +34,8 @@ from albert_jax.interop.workdir import TASK_FILE
 FAMILIES = (
     "albert_jax.finetune.tasks.classification",  # glue/NAME, files
     "albert_jax.finetune.tasks.multiple_choice",  # race/NAME, choice/files
-    "albert_jax.finetune.tasks.tagging",  # ner/files, ner/conll2003
     "albert_jax.finetune.tasks.squad",  # squad/v1.1, squad/v2.0
+    "albert_jax.finetune.tasks.tagging",  # ner/files, ner/conll2003
 )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from albert_jax import storage
 from albert_jax.finetune import data_files
-from albert_jax.finetune.tasks.classification import files
+from albert_jax.finetune.tasks.classification import files as file_task
 from albert_jax.finetune.tasks.classification import glue
 from albert_jax.finetune.tasks.multiple_choice import race
 from albert_jax.finetune import run as ft
@@ -41,7 +41,7 @@ def _files(root) -> dict[str, str]:
 
 
 def _task(root):
-  return files.make_task("files", ml_collections.ConfigDict(dict(
+  return file_task.make_task("files", ml_collections.ConfigDict(dict(
       text_columns=["text", "other"], label_column="label", **_files(root))))
 
 
@@ -68,7 +68,7 @@ def test_missing_gcs_file_is_named_as_given(gcs_bucket):
   files = _files(f"{gcs_bucket}/data")
   files["eval_file"] = f"{gcs_bucket}/data/nope.tsv"
   with pytest.raises(tabular.FileFormatError) as error:
-    files.make_task("files", ml_collections.ConfigDict(dict(
+    file_task.make_task("files", ml_collections.ConfigDict(dict(
         text_column="text", label_column="label", **files)))
   assert str(error.value) == (
       f"data.eval_file '{gcs_bucket}/data/nope.tsv' does not exist; check "
@@ -105,7 +105,7 @@ def test_prediction_files_written_into_gcs(gcs_bucket, tmp_path):
   dev = race.make_task("race/all", {})
   writes = [
       (files, {"prediction": np.array([2, 0])},
-       _split("eval", files.Rows(np.arange(2), ["pos", "neg"]), 2)),
+       _split("eval", file_task.Rows(np.arange(2), ["pos", "neg"]), 2)),
       (rte, {"prediction": np.array([1, 0])},
        _split("test", glue.Rows(np.array([0, 1]), "RTE.tsv"), 2, False)),
       (dev, {"prediction": np.array([3])},

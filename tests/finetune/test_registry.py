@@ -39,7 +39,7 @@ def test_every_family_names_its_tasks_and_types():
   assert len(names) == len(set(names))
   assert tuple(registry.task_types()) == (
       "classification", "regression", "multiple_choice",
-      "token_classification", "question_answering")
+      "question_answering", "token_classification")
   with pytest.raises(PredictError, match=r"^Unknown task_type 'tagging' in "):
     registry.task_type("tagging")
 
