@@ -226,7 +226,8 @@ def _main(argv):
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.training import config_check  # pylint: disable=g-import-not-at-top
   # With the demo's fine-tuning stage, if any, and its task's name.
-  config_check.check(config, registry.task_names())
+  config_check.check(config, registry.task_names(),
+                     registry.config_choices())
   if job == "pretrain":
     from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
     result = pretrain.run(config, workdir)

@@ -219,7 +219,8 @@ def test_misspelt_finetuning_names_are_refused_with_the_closest():
   classify.data.task = "GLUE/SST-2"
   classify.data.task_type = "regresion"
   with pytest.raises(config_check.ConfigError) as e:
-    config_check.check(classify, registry.task_names())
+    config_check.check(classify, registry.task_names(),
+                       registry.config_choices())
   assert str(e.value) == (
       "config.data.task_type='regresion' must be one of ('classification', "
       "'regression') (did you mean 'regression'?), e.g. "
@@ -229,7 +230,7 @@ def test_misspelt_finetuning_names_are_refused_with_the_closest():
   squad = load_config("squad.py", "version=2.0")
   squad.data.v2_head = "simpel"
   with pytest.raises(config_check.ConfigError) as e:
-    config_check.check(squad)
+    config_check.check(squad, choices=registry.config_choices())
   assert str(e.value) == (
       "config.data.v2_head='simpel' must be one of ('official', 'simple') "
       "(did you mean 'simple'?), e.g. --config.data.v2_head=simple.")

@@ -126,7 +126,8 @@ def run(config, workdir: str,
   `lease`: the workdir's, when the caller already holds it (else taken
   here).
   """
-  with run_setup.start(config, workdir, lease=lease, check=check_data) as r:
+  with run_setup.start(config, workdir, lease=lease, check=check_data,
+                       choices=registry.config_choices()) as r:
     return _fine_tune(config, r)
 
 

@@ -256,6 +256,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9,
 
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "lamb": lamb, "adamw": adamw}
+NAMES = tuple(sorted(OPTIMIZERS))  # config.optimizer.name's choices
 
 
 def check(config) -> None:

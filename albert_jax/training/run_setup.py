@@ -29,7 +29,8 @@ import logging
 import os
 import subprocess
 import time
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import (Any, Callable, Iterable, Iterator, Mapping, Protocol,
+                    Sequence)
 
 import jax
 
@@ -254,7 +255,9 @@ def stopped_early(out: loop.FitResult) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def start(config, workdir: str, *, lease: lease_lib.Lease | None = None,
-          check: Callable[[Any, str], None] | None = None) -> Iterator[Run]:
+          check: Callable[[Any, str], None] | None = None,
+          choices: Mapping[str, Sequence[str]] | None = None
+          ) -> Iterator[Run]:
   """Checks `config`, prepares and leases `workdir`, and makes the mesh.
 
   Args:
@@ -264,12 +267,15 @@ def start(config, workdir: str, *, lease: lease_lib.Lease | None = None,
       here and released when the block ends).
     check: (config, workdir) → None, the caller's own checks (fine-tuning's
       data files), run after the workdir's links and before its recipe.
+    choices: the allowed values of config fields whose owners are above
+      this stage (fine-tuning's `registry.config_choices()`), for
+      `config_check.check`.
 
   Yields:
     The `Run`, its lease held.
   """
   started_at = time.time()  # goodput counts the start-up from here
-  config_check.check(config)
+  config_check.check(config, choices=choices)
   profiling.check_can_trace(
       profiling.ProfileOptions.from_config(config.get("profile")))
   workdir = storage.as_str(workdir)

@@ -40,7 +40,15 @@ from albert_jax.training import electra as electra_lib
 from albert_jax.training import objectives
 
 DEFAULT = "masked_lm"
-KINDS = ("masked_lm", "electra", "causal_lm")
+KINDS = ("masked_lm", "causal_lm", "electra")
+# The held-out metrics a run of each kind can keep its best checkpoint by:
+# higher is better for each (the checkpoint manager keeps the maximum).
+BEST_METRICS = {
+    "masked_lm": ("mlm_accuracy", "sop_accuracy"),
+    "causal_lm": ("lm_accuracy",),
+    "electra": ("mlm_accuracy", "rtd_accuracy", "rtd_precision",
+                "rtd_recall"),
+}
 
 
 def kind(config) -> str:
