@@ -47,6 +47,7 @@ from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
+from albert_jax.training import defaults
 from albert_jax.training import pretrain
 
 VOCAB, SEQ = 300, 32
@@ -112,13 +113,13 @@ def workdir(tmp_path):
 def data_config(corpus, vocab_size=VOCAB, tokenizer_path="", **data):
   """The trainer's config, as far as `run_tokenizer.ensure` and
   `pipeline.ensure_dataset` read it."""
-  config = ml_collections.ConfigDict(dict(
+  config = ml_collections.ConfigDict(defaults.upgrade(dict(
       seed=0, model=dict(vocab_size=vocab_size),
       data=dict(corpus=str(corpus), format="sentences",
                 tokenizer=tokenizer_path, data_dir="", max_seq_length=SEQ,
                 objective="sop", nsp_negatives_in_sop=False,
                 short_seq_prob=0.1, dupe_factor=1, eval_fraction=0.0,
-                num_workers=1)))
+                num_workers=1))))
   config.data.update(data)
   return config
 

@@ -189,18 +189,18 @@ class _Fit:
     self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
                                         config.peak_tflops_per_device)
     self.guard = guards.NonFiniteGuard(
-        config.get("max_consecutive_nonfinite", 20), plan.param_paths)
+        config.max_consecutive_nonfinite, plan.param_paths)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = -1
     self.saved = {start_step} if plan.resumed else set()
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
     self.account = goodput_lib.Account(
-        workdir, goodput_lib.GoodputOptions.from_config(
-            config.get("goodput")), start_step=start_step,
+        workdir, goodput_lib.GoodputOptions.from_config(config.goodput),
+        start_step=start_step,
         started_at=plan.started_at, enabled=is_main)
     self.profiler = profiling.StepProfiler(
-        profiling.ProfileOptions.from_config(config.get("profile")), workdir,
+        profiling.ProfileOptions.from_config(config.profile), workdir,
         session_start=start_step,
         lower=getattr(plan.train_step, "lower", None))
     self.preemption: guards.Preemption | None = None  # set by `fit`

@@ -39,6 +39,7 @@ from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.training import checkpoints
 from albert_jax.training import config_check
+from albert_jax.training import defaults
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import profiling
@@ -59,7 +60,7 @@ FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
 def compiler_options(config) -> dict[str, Any] | None:
   """`jax.jit` compiler options for `config.fast_compile` (smoke runs and
   debugging on CPU: quicker to start, slower per step), else None."""
-  if config.get("fast_compile", False) and jax.default_backend() == "cpu":
+  if config.fast_compile and jax.default_backend() == "cpu":
     return dict(FAST_COMPILE_OPTIONS)
   return None
 
@@ -126,7 +127,7 @@ def leased(config, workdir: str) -> Iterator[lease_lib.Lease]:
   """`workdir`'s lease, held while the block runs (taken over from a live
   run only with `config.take_over_workdir`)."""
   with lease_lib.acquire(workdir,
-                         config.get("take_over_workdir", False)) as lease:
+                         config.take_over_workdir) as lease:
     yield lease
 
 
@@ -261,7 +262,8 @@ def start(config, workdir: str, *, lease: lease_lib.Lease | None = None,
   """Checks `config`, prepares and leases `workdir`, and makes the mesh.
 
   Args:
-    config: the run's config.
+    config: the run's config; the fields an earlier version's config lacks
+      are added to it (`defaults.fill`).
     workdir: a local path or gs://BUCKET/PATH.
     lease: the workdir's, when the caller already holds it (else taken
       here and released when the block ends).
@@ -275,9 +277,10 @@ def start(config, workdir: str, *, lease: lease_lib.Lease | None = None,
     The `Run`, its lease held.
   """
   started_at = time.time()  # goodput counts the start-up from here
+  defaults.fill(config)  # the fields an earlier version's config lacks
   config_check.check(config, choices=choices)
   profiling.check_can_trace(
-      profiling.ProfileOptions.from_config(config.get("profile")))
+      profiling.ProfileOptions.from_config(config.profile))
   workdir = storage.as_str(workdir)
   storage.refuse_links_out(workdir)
   if check is not None:

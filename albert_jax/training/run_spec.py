@@ -39,7 +39,6 @@ from albert_jax.model.config import ModelConfig
 from albert_jax.training import electra as electra_lib
 from albert_jax.training import objectives
 
-DEFAULT = "masked_lm"
 KINDS = ("masked_lm", "causal_lm", "electra")
 # The held-out metrics a run of each kind can keep its best checkpoint by:
 # higher is better for each (the checkpoint manager keeps the maximum).
@@ -52,10 +51,9 @@ BEST_METRICS = {
 
 
 def kind(config) -> str:
-  """`config.pretraining`, checked; configs written before the field existed
-  are masked-LM runs."""
-  name = config.get("pretraining", DEFAULT) if hasattr(config, "get") else (
-      DEFAULT)
+  """`config.pretraining`, checked (configs written before the field
+  existed are masked-LM runs: `defaults.upgrade`)."""
+  name = config["pretraining"]
   if name not in KINDS:
     raise ValueError(
         f"config.pretraining={name!r} is not an objective; choose one of "
@@ -220,7 +218,7 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
                    objective=objectives.CausalLMObjective(
                        model, right_padded=True),
                    num_predictions=0, **common)
-  heads = sentence_heads(config.data.get("objective", "sop"))
+  heads = sentence_heads(config.data.objective)
   model = albert_lib.Albert(cfg, heads=heads)
   if pack:
     if num_predictions is None:
@@ -245,7 +243,7 @@ def check_pack(config) -> int:
     ValueError: one line, the reason and the fix.
   """
   config = _as_config(config)
-  pack = config.data.get("pack", 0)
+  pack = config.data.pack
   if not pack:
     return 0
   name = kind(config)

@@ -124,7 +124,8 @@ def test_cli_bad_values_and_flags_are_one_line(tmp_path):
        "'num_train_steps' or 'log_every_steps'?). Valid fields there: "
        "accumulation_steps, async_checkpoints, batch_size, best_metric, "
        "checkpoint_every_steps, data, eval_batches, eval_every_steps, "
-       "fast_compile, goodput, keep_checkpoints, log_every_steps, masking, "
+       "fast_compile, goodput, job, keep_checkpoints, log_every_steps, "
+       "masking, "
        "max_consecutive_nonfinite, mesh, model, num_train_steps, optimizer, "
        "peak_tflops_per_device, pretraining, profile, seed, sharding_rules, "
        "take_over_workdir.")]:
