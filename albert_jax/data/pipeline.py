@@ -100,8 +100,8 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
   return out
 
 
-def masking_config(config) -> masking_lib.MaskingConfig:
-  m = config.masking
+def masking_config(m) -> masking_lib.MaskingConfig:
+  """The loader's masking recipe from a run's `config.masking` section."""
   return masking_lib.MaskingConfig(
       max_predictions=m.max_predictions, masked_lm_prob=m.masked_lm_prob,
       max_ngram=m.max_ngram, favor_shorter_ngram=m.favor_shorter_ngram,
@@ -117,7 +117,7 @@ def make_loader(config, data_dir: str, split: str, vocab, sharding,
   return loader_lib.Loader(
       data_dir, split, global_batch_size=global_batch_size or config.batch_size,
       vocab=vocab, seed=config.seed if seed is None else seed,
-      masking_config=masking_config(config) if masked else None,
+      masking_config=masking_config(config.masking) if masked else None,
       dynamic_masking=config.data.dynamic_masking, sharding=sharding,
       prefetch=config.data.prefetch)
 

@@ -47,9 +47,10 @@ class CrossEvalError(ValueError):
   """A run or dataset that cannot be scored as asked."""
 
 
-def data_dir(run_dir: str, config: dict[str, Any]) -> str:
-  """Where a run's prepared data is: config.data.data_dir or WORKDIR/data."""
-  return str(config["data"].get("data_dir") or "") or f"{run_dir}/data"
+def data_dir(run_dir: str, data: dict[str, Any]) -> str:
+  """Where a run's prepared data is: its `config.data` section's data_dir,
+  or WORKDIR/data."""
+  return str(data.get("data_dir") or "") or f"{run_dir}/data"
 
 
 def data_objective(directory: str) -> str:
@@ -113,7 +114,7 @@ def cross_evaluate(run_dirs: Sequence[str], eval_batches: int = 0
       raise CrossEvalError(f"{run_dir} has no config.json; give pre-training "
                            "workdirs (e.g. a sweep's WORKDIR_ROOT/*/).")
     config = defaults.upgrade(json.loads(config_path.read_bytes()))
-    runs.append((run_dir, config, data_dir(run_dir, config)))
+    runs.append((run_dir, config, data_dir(run_dir, config["data"])))
   datasets = {}
   for _, _, directory in runs:
     datasets.setdefault(data_objective(directory), directory)

@@ -48,9 +48,9 @@ class FitResult:
   goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _loader_hint(config) -> str:
-  """The data-stall warning's first fix: the run's own loader settings."""
-  data = config.get("data")
+def _loader_hint(data) -> str:
+  """The data-stall warning's first fix: the run's own loader settings
+  (`config.data`)."""
   if data is None or "num_workers" not in data:
     return ""
   return (f"raise config.data.num_workers (now {data.num_workers}) or "
@@ -282,7 +282,7 @@ class _Fit:
     """goodput/* and badput/* scalars, the data-stall check, and (in a
     gs:// workdir, where goodput.json is not rewritten every step) the
     goodput record."""
-    self.account.check_data_stall(_loader_hint(self.config))
+    self.account.check_data_stall(_loader_hint(self.config.data))
     self.writer.write(done, self.account.scalars())
     if self.account.remote:
       self.account.save()

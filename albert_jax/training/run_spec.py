@@ -223,7 +223,7 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
   if pack:
     if num_predictions is None:
       preds = masking_lib.packed_predictions(
-          pipeline.masking_config(config), seq, pack)
+          pipeline.masking_config(config.masking), seq, pack)
     return RunSpec(kind=name, heads=heads, model=model,
                    objective=objectives.MaskedLMObjective(model, packed=True),
                    num_predictions=preds, max_per_row=pack, **common)
