@@ -203,7 +203,7 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
   common = dict(model_config=cfg, batch_size=batch, seq_len=seq)
   pack = check_pack(config)
   if name == "electra":
-    options = electra_lib.ElectraOptions.from_config(config)
+    options = electra_lib.ElectraOptions.from_config(config.get("electra"))
     generator = electra_model.generator_config(cfg,
                                                options.generator_fraction)
     model = electra_model.Electra(cfg, generator)
