@@ -14,6 +14,7 @@ import ml_collections
 
 from albert_jax import hints
 from albert_jax.model.config import ModelConfig
+from albert_jax.training import defaults
 
 # name: (hidden, layers, heads, ffn). All ALBERT releases: vocab 30000, E=128.
 ALBERT_SIZES = {
@@ -145,33 +146,16 @@ def _run_fields(c: ml_collections.ConfigDict, optimizer: str,
   """Batch, steps, optimizer, mesh and sharding rules: the fields every run
   (pre-training or fine-tuning) has."""
   c.batch_size = batch_size  # global, across all hosts
-  # A run leases its workdir; True takes over another run's live lease.
-  c.take_over_workdir = False
+  c.take_over_workdir = defaults.RUN["take_over_workdir"]
   c.accumulation_steps = 1   # micro-batches per step, inside the jitted step
   c.num_train_steps = num_train_steps
   c.optimizer = ml_collections.ConfigDict(dict(
       name=optimizer, learning_rate=learning_rate, warmup_steps=warmup_steps,
       end_learning_rate=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-6,
       weight_decay=0.01, bias_correction=False, clip_norm=1.0,
-      # "polynomial" (ALBERT's) or "cosine" (GPT-1's; training/optimizer.py).
-      schedule="polynomial",
-      # ELECTRA's layer-wise decay of the rate when fine-tuning an unshared
-      # stack (training/optimizer.py, layer_lr_multipliers); 1.0: off.
-      layerwise_lr_decay=1.0))
-
-  # Where the time goes (training/profiling.py, training/goodput.py):
-  # profile.num_steps > 0 traces that many steps (from profile.start_step,
-  # -1: the third step after a (re)start; again every profile.period steps
-  # if > 0; on the process indices in profile.hosts, (): all) into
-  # WORKDIR/profile with its step breakdown. goodput: the data-wait share of
-  # step time that is warned about, and how many times the median step time
-  # makes a step slow.
-  from albert_jax.training import goodput  # pylint: disable=g-import-not-at-top
-  from albert_jax.training import profiling  # pylint: disable=g-import-not-at-top
-  c.profile = ml_collections.ConfigDict(dataclasses.asdict(
-      profiling.ProfileOptions()))
-  c.goodput = ml_collections.ConfigDict(dataclasses.asdict(
-      goodput.GoodputOptions()))
+      **defaults.RUN["optimizer"]))  # schedule, layerwise_lr_decay
+  c.profile = ml_collections.ConfigDict(defaults.RUN["profile"])
+  c.goodput = ml_collections.ConfigDict(defaults.RUN["goodput"])
 
   # Mesh axes and sizes (-1: the rest of the devices) and the rules that map
   # logical parameter/activation axes onto them.
@@ -195,32 +179,30 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   125k steps with 3125 warmup, sequences of 512 with 20 predictions.
   """
   c = ml_collections.ConfigDict()
+  c.job = defaults.PRETRAINING["job"]
   c.model = model
   c.seed = 0
-  # masked_lm (ALBERT, BERT, RoBERTa); see albert_jax/pretraining.py.
-  c.pretraining = "masked_lm"
+  c.pretraining = defaults.PRETRAINING["pretraining"]
 
   # Text → instances. An empty tokenizer/data_dir means: build it in the
   # workdir from `corpus` (trained / prepared once, reused on resume);
   # tokenizer_type says what to train: "sentencepiece" (ALBERT's unigram
-  # model) or "bpe" (RoBERTa's byte-level BPE). exact_length (objective
-  # "none" only) cuts the token stream into windows of exactly
-  # max_seq_length, as GPT-1 did, instead of ending rows at sentence ends.
-  # pack=K >= 2 packs up to K instances into each row when the data is
-  # prepared (each keeps its own positions, [CLS] and sentence label;
-  # attention never crosses instances); 0 writes one instance per row.
+  # model) or "bpe" (RoBERTa's byte-level BPE). exact_length and pack:
+  # training/defaults.py (a packed row's instances each keep their own
+  # positions, [CLS] and sentence label; attention never crosses them).
+  added = defaults.PRETRAINING
   c.data = ml_collections.ConfigDict(dict(
       corpus=BUNDLED_CORPUS, format="sentences", tokenizer="",
       tokenizer_type="sentencepiece",
       data_dir="", max_seq_length=max_seq_length, objective=objective,
       short_seq_prob=0.1, dupe_factor=1, nsp_negatives_in_sop=False,
-      exact_length=False, eval_fraction=0.01, num_workers=1, prefetch=2,
-      dynamic_masking=True, pack=0))
+      exact_length=added["data"]["exact_length"], eval_fraction=0.01,
+      num_workers=1, prefetch=2, dynamic_masking=True,
+      pack=added["data"]["pack"]))
   c.masking = ml_collections.ConfigDict(dict(
       max_predictions=max_predictions, masked_lm_prob=0.15, max_ngram=3,
       favor_shorter_ngram=True, whole_word=True,
-      # Of the chosen tokens: [MASK], a random token, the rest unchanged.
-      mask_token_prob=0.8, random_token_prob=0.1))
+      **added["masking"]))  # mask_token_prob, random_token_prob
 
   _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
               warmup_steps)
@@ -232,12 +214,9 @@ def base_config(model: ml_collections.ConfigDict, *, objective: str = "sop",
   c.keep_checkpoints = 3
   c.best_metric = "mlm_accuracy"  # eval metric the best checkpoint is kept by
   c.async_checkpoints = True
-  # Steps with a NaN/Inf loss or gradient are skipped; this many in a row
-  # stop the run (saved, with the offending parameters named).
-  c.max_consecutive_nonfinite = 20
+  c.max_consecutive_nonfinite = defaults.RUN["max_consecutive_nonfinite"]
   c.peak_tflops_per_device = 0.0  # 0: look up the device kind for MFU
-  # On CPU: compile with fewer XLA optimisations (smoke runs, debugging).
-  c.fast_compile = False
+  c.fast_compile = defaults.RUN["fast_compile"]
   return c
 
 
@@ -357,23 +336,20 @@ def finetune_config(task: str, *, learning_rate: float, batch_size: int,
   _run_fields(c, optimizer, learning_rate, batch_size, num_train_steps,
               warmup_steps)
   c.eval_batch_size = 0  # 0: batch_size
-  # λ of GPT-1's fine-tuning loss, task + λ × next-token loss on the task's
-  # input text (causal models only; GPT-1 used 0.5). 0: the task loss only.
-  c.lm_aux_weight = 0.0
-  # True: the [CLS] pooler starts from random values instead of the
-  # checkpoint's, as Zhang et al. 2021 ("Revisiting few-sample BERT
+  c.lm_aux_weight = defaults.FINETUNING["lm_aux_weight"]
+  # reinit_pooler: as Zhang et al. 2021 ("Revisiting few-sample BERT
   # fine-tuning") re-initialise it for small data. On a 400-step demo
   # checkpoint, whose pooler gives nearly one output for every input, it
   # did not change the result (REPRODUCTION.md).
-  c.reinit_pooler = False
+  c.reinit_pooler = defaults.FINETUNING["reinit_pooler"]
   c.log_every_steps = 50
   c.eval_every_steps = 1000
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 2
   c.async_checkpoints = True
-  c.max_consecutive_nonfinite = 20
+  c.max_consecutive_nonfinite = defaults.RUN["max_consecutive_nonfinite"]
   c.peak_tflops_per_device = 0.0
-  c.fast_compile = False  # on CPU: fewer XLA optimisations, quicker start
+  c.fast_compile = defaults.RUN["fast_compile"]
   return c
 
 

@@ -208,6 +208,8 @@ def _main(argv):
     raise app.UsageError("--config is required, e.g. "
                          "--config=configs/demo.py.")
   maybe_initialize_distributed()
+  from albert_jax.training import defaults  # pylint: disable=g-import-not-at-top
+  defaults.fill(config)  # the fields a config file of an earlier version lacks
   if _COMPILE_ONLY.value:
     from albert_jax.tools import compile_only  # pylint: disable=g-import-not-at-top
     compile_only.report(config, device_memory_gib=_DEVICE_MEMORY.value,
@@ -222,11 +224,12 @@ def _main(argv):
   if not _TRACEBACK.value:  # a failed save is its one error line
     from albert_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
     checkpoints.hide_failed_write_reports()
-  job = config.get("job", "pretrain")
+  job = config.job
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.training import config_check  # pylint: disable=g-import-not-at-top
   # With the demo's fine-tuning stage, if any, and its task's name.
-  config_check.check(config, registry.task_names())
+  config_check.check(config, registry.task_names(),
+                     registry.config_choices())
   if job == "pretrain":
     from albert_jax.training import pretrain  # pylint: disable=g-import-not-at-top
     result = pretrain.run(config, workdir)

@@ -47,6 +47,7 @@ from albert_jax.text import train_tokenizer as text_train
 from albert_jax.text.tokenizer import Tokenizer
 from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
+from albert_jax.training import defaults
 from albert_jax.training import pretrain
 
 VOCAB, SEQ = 300, 32
@@ -112,13 +113,13 @@ def workdir(tmp_path):
 def data_config(corpus, vocab_size=VOCAB, tokenizer_path="", **data):
   """The trainer's config, as far as `run_tokenizer.ensure` and
   `pipeline.ensure_dataset` read it."""
-  config = ml_collections.ConfigDict(dict(
+  config = ml_collections.ConfigDict(defaults.upgrade(dict(
       seed=0, model=dict(vocab_size=vocab_size),
       data=dict(corpus=str(corpus), format="sentences",
                 tokenizer=tokenizer_path, data_dir="", max_seq_length=SEQ,
                 objective="sop", nsp_negatives_in_sop=False,
                 short_seq_prob=0.1, dupe_factor=1, eval_fraction=0.0,
-                num_workers=1)))
+                num_workers=1))))
   config.data.update(data)
   return config
 
@@ -219,7 +220,8 @@ def test_misspelt_finetuning_names_are_refused_with_the_closest():
   classify.data.task = "GLUE/SST-2"
   classify.data.task_type = "regresion"
   with pytest.raises(config_check.ConfigError) as e:
-    config_check.check(classify, registry.task_names())
+    config_check.check(classify, registry.task_names(),
+                       registry.config_choices())
   assert str(e.value) == (
       "config.data.task_type='regresion' must be one of ('classification', "
       "'regression') (did you mean 'regression'?), e.g. "
@@ -229,7 +231,7 @@ def test_misspelt_finetuning_names_are_refused_with_the_closest():
   squad = load_config("squad.py", "version=2.0")
   squad.data.v2_head = "simpel"
   with pytest.raises(config_check.ConfigError) as e:
-    config_check.check(squad)
+    config_check.check(squad, choices=registry.config_choices())
   assert str(e.value) == (
       "config.data.v2_head='simpel' must be one of ('official', 'simple') "
       "(did you mean 'simple'?), e.g. --config.data.v2_head=simple.")

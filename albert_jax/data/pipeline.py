@@ -35,11 +35,9 @@ def _prepare_config(config, tokenizer_path: str, output_dir: str):
       max_seq_length=d.max_seq_length, objective=d.objective,
       nsp_negatives_in_sop=d.nsp_negatives_in_sop,
       short_seq_prob=d.short_seq_prob, dupe_factor=d.dupe_factor,
-      # .get: configs written before the field existed (a resumed run's
-      # config.json, a hand-built data section) cut at sentence ends.
-      exact_length=d.get("exact_length", False), seed=config.seed,
+      exact_length=d.exact_length, seed=config.seed,
       eval_fraction=d.eval_fraction,
-      num_workers=d.num_workers, pack=d.get("pack", 0))
+      num_workers=d.num_workers, pack=d.pack)
 
 
 def _recipe_matches(metadata: dict, wanted: prepare_lib.PrepareConfig) -> bool:
@@ -72,12 +70,12 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
           f"else. Set --config.data.objective={prepared}, or prepare the "
           f"data again with --objective {config.data.objective}.")
     packed = loader_lib.max_per_row(meta)
-    if packed != config.data.get("pack", 0):
+    if packed != config.data.pack:
       raise ValueError(
           f"{config.data.data_dir} was prepared with pack={packed} but "
-          f"config.data.pack is {config.data.get('pack', 0)}; set "
+          f"config.data.pack is {config.data.pack}; set "
           f"--config.data.pack={packed}, or prepare the data again with "
-          f"--pack {config.data.get('pack', 0)}.")
+          f"--pack {config.data.pack}.")
     return config.data.data_dir
   import jax  # pylint: disable=g-import-not-at-top
   out = os.fspath(storage.path(workdir) / "data")
@@ -102,15 +100,13 @@ def ensure_dataset(config, workdir: str, tokenizer) -> str:
   return out
 
 
-def masking_config(config) -> masking_lib.MaskingConfig:
-  m = config.masking
+def masking_config(m) -> masking_lib.MaskingConfig:
+  """The loader's masking recipe from a run's `config.masking` section."""
   return masking_lib.MaskingConfig(
       max_predictions=m.max_predictions, masked_lm_prob=m.masked_lm_prob,
       max_ngram=m.max_ngram, favor_shorter_ngram=m.favor_shorter_ngram,
-      whole_word=m.whole_word,
-      # Configs recorded before these fields existed used BERT's 80/10/10.
-      mask_token_prob=m.get("mask_token_prob", 0.8),
-      random_token_prob=m.get("random_token_prob", 0.1))
+      whole_word=m.whole_word, mask_token_prob=m.mask_token_prob,
+      random_token_prob=m.random_token_prob)
 
 
 def make_loader(config, data_dir: str, split: str, vocab, sharding,
@@ -121,7 +117,7 @@ def make_loader(config, data_dir: str, split: str, vocab, sharding,
   return loader_lib.Loader(
       data_dir, split, global_batch_size=global_batch_size or config.batch_size,
       vocab=vocab, seed=config.seed if seed is None else seed,
-      masking_config=masking_config(config) if masked else None,
+      masking_config=masking_config(config.masking) if masked else None,
       dynamic_masking=config.data.dynamic_masking, sharding=sharding,
       prefetch=config.data.prefetch)
 

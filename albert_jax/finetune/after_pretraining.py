@@ -13,10 +13,12 @@ import jax
 
 from albert_jax import storage
 from albert_jax.finetune import data_files
+from albert_jax.finetune import registry
 from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune.run import run
 from albert_jax.text import run_tokenizer
 from albert_jax.training import config_check
+from albert_jax.training import defaults
 from albert_jax.training import run_setup
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,8 @@ def run_after_pretraining(config, pretrain_workdir: str,
   "probability"} (or {"text", "score"} for regression) per text.
   """
   config = config.copy_and_resolve_references()
-  config_check.check(config)
+  defaults.fill(config)  # a stage of an earlier version's config
+  config_check.check(config, choices=registry.config_choices())
   workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
                       / (RANDOM_INIT_DIR if random_init else "finetune"))
   storage.refuse_links_out(workdir)

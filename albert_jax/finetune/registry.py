@@ -8,6 +8,9 @@ transformers conversion) and says so in three names:
   TASK_TYPES: the `TaskType`s its fine-tuned models record.
   make_task(name, data): the `Task` called `name`, configured by
     `config.data`.
+and, where it has config fields with a fixed set of values, in a fourth:
+  CONFIG_CHOICES: "data.FIELD" → the values it accepts, which the start
+    checks (`config_check.check(..., choices=config_choices())`) read.
 A new family is one folder and one line of `FAMILIES`.
 
 A name is checked against every task the families define before anything
@@ -47,6 +50,12 @@ def _families() -> tuple[types.ModuleType, ...]:
 def task_names() -> tuple[str, ...]:
   """Every task name the families define, in FAMILIES' order."""
   return tuple(n for family in _families() for n in family.TASKS)
+
+
+def config_choices() -> dict[str, tuple[str, ...]]:
+  """Every family's CONFIG_CHOICES: config field → the values it accepts."""
+  return {key: tuple(names) for family in _families()
+          for key, names in getattr(family, "CONFIG_CHOICES", {}).items()}
 
 
 def task_types() -> dict[str, TaskType]:

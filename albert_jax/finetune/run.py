@@ -126,7 +126,8 @@ def run(config, workdir: str,
   `lease`: the workdir's, when the caller already holds it (else taken
   here).
   """
-  with run_setup.start(config, workdir, lease=lease, check=check_data) as r:
+  with run_setup.start(config, workdir, lease=lease, check=check_data,
+                       choices=registry.config_choices()) as r:
     return _fine_tune(config, r)
 
 
@@ -208,9 +209,9 @@ def _setup(config) -> _Setup:
   model_config, encoder, tokenizer = start_lib.encoder_start(config)
   lm_weight = start_lib.lm_aux_weight(config, model_config)
   seq_len = config.data.max_seq_length
-  # Before reading the data. A config recorded before `pack` existed ran
-  # one example a row, and a resumed run keeps doing so.
-  pack = spec_lib.pack_for(task, config.data.get("pack", 0), lm_weight > 0,
+  # Before reading the data. A config written before `pack` existed ran
+  # one example a row, and a resumed run keeps doing so (`defaults`).
+  pack = spec_lib.pack_for(task, config.data.pack, lm_weight > 0,
                            model_config.causal)
   train_split = task.load(task.train_split, tokenizer, seq_len)
   eval_splits = [task.load(s, tokenizer, seq_len) for s in task.eval_splits]

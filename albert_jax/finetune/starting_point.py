@@ -21,13 +21,13 @@ log = logging.getLogger(__name__)
 
 
 def lm_aux_weight(config, model_config: ModelConfig | None = None) -> float:
-  """`config.lm_aux_weight` (0 where the config has none), checked.
+  """`config.lm_aux_weight`, checked.
 
   Raises:
     ValueError: not a finite number >= 0, or, given `model_config`, > 0 on
       a bidirectional model.
   """
-  weight = config.get("lm_aux_weight", 0.0)
+  weight = config.lm_aux_weight
   if (isinstance(weight, bool) or not isinstance(weight, (int, float))
       or not math.isfinite(weight) or weight < 0):
     raise ValueError(
@@ -98,7 +98,7 @@ def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
                                      run_tokenizer.CONFIGURED_FIX)
       check_tokenizer(tokenizer, pre.tokenizer, pre.model_config,
                       config.data.tokenizer, config.init)
-    reinit = config.get("reinit_pooler", False)
+    reinit = config.reinit_pooler
     parts = (("embeddings", "encoder") + (() if reinit else ("pooler",))
              + (("lm",) if lm_aux else ()))
     encoder = {k: pre.params[k] for k in parts if k in pre.params}

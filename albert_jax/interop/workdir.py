@@ -28,6 +28,7 @@ from albert_jax.model.config import ModelConfig
 from albert_jax.text import run_tokenizer
 from albert_jax.training import checkpoint_shapes
 from albert_jax.training import checkpoints
+from albert_jax.training import defaults
 from albert_jax.training import run_spec
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ def is_finetune_workdir(path: str) -> bool:
 
 
 def read_workdir_config(path: str) -> dict | None:
-  """The trainer's resolved config (config.json), or None for an HF dir.
+  """The trainer's resolved config (config.json), with the fields its
+  version did not write (`defaults.upgrade`), or None for an HF dir.
 
   A trainer config is a JSON object with a `model` section; an HF config is
   flat (`model_type`, `hidden_size`, ...). A `checkpoints/` directory without
@@ -64,7 +66,7 @@ def read_workdir_config(path: str) -> dict | None:
       raise CheckpointError(f"{config_path} is not readable JSON: {e}") from e
     return None  # the HF path reports its own error
   if isinstance(config, dict) and isinstance(config.get("model"), dict):
-    return config
+    return defaults.upgrade(config)
   if has_checkpoints and "model_type" not in config:
     raise CheckpointError(
         f"{config_path} has no `model` section; expected the config.json "
@@ -110,7 +112,7 @@ def load(path: str, config: Mapping[str, Any], step: int | None,
     what = (f"an ELECTRA model (generator H="
             f"{spec.generator_config.hidden_size})")
   else:
-    objective = (config.get("data") or {}).get("objective", "sop")
+    objective = config["data"]["objective"]
     heads = spec.heads
     abstract = albert_lib.abstract_params(cfg, True, heads)
     what = f"objective {objective!r}, heads {heads}"

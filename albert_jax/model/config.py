@@ -21,6 +21,9 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 LAYER_LOOPS = ("auto", "scan", "unroll")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
            "float16": jnp.float16}
+# What a run may train in (`config.model.dtype`): float16 needs loss
+# scaling, which the trainer does not do.
+TRAINING_DTYPES = ("float32", "bfloat16")
 
 
 # Upper bounds on every size, far above any published model (vocabularies

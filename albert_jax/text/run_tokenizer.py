@@ -59,10 +59,10 @@ def load(path: str, what: str, fix: str) -> Tokenizer:
         f"tokenizer.json or vocab.json. {fix[0].upper() + fix[1:]}") from e
 
 
-def tokenizer_type(config: Mapping[str, Any]) -> str:
-  """`config.data.tokenizer_type`, checked; configs (and recorded runs)
-  from before the field existed train SentencePiece."""
-  data = (config["data"] if "data" in config else None) or {}
+def tokenizer_type(data: Mapping[str, Any]) -> str:
+  """`config.data.tokenizer_type` of a run's `data` section, checked;
+  configs (and recorded runs) from before the field existed, and
+  fine-tuning configs, which have none, train SentencePiece."""
   kind = data.get("tokenizer_type") or "sentencepiece"
   if kind not in TOKENIZER_TYPES:
     raise ValueError(
@@ -72,9 +72,10 @@ def tokenizer_type(config: Mapping[str, Any]) -> str:
   return kind
 
 
-def workdir_path(config: Mapping[str, Any], workdir: str) -> str:
-  """Where the trainer keeps the tokenizer it trains in `workdir`."""
-  directory, name = TOKENIZER_TYPES[tokenizer_type(config)]
+def workdir_path(data: Mapping[str, Any], workdir: str) -> str:
+  """Where the trainer keeps the tokenizer it trains in `workdir`, by the
+  run's `config.data` section."""
+  directory, name = TOKENIZER_TYPES[tokenizer_type(data)]
   return os.fspath(storage.path(workdir) / directory / name)
 
 
@@ -118,10 +119,11 @@ def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
   For readers of a workdir (`load_pretrained`): `config` is the run's
   recorded config.json, a plain dict.
   """
-  configured = str((config.get("data") or {}).get("tokenizer") or "")
+  data = config.get("data") or {}
+  configured = str(data.get("tokenizer") or "")
   if configured:
     configured = recorded_path(configured, workdir, "data.tokenizer")
-  own = workdir_path(config, workdir)
+  own = workdir_path(data, workdir)
   # The trainer's order: a configured tokenizer wins over the workdir's.
   for candidate in (configured, own) if configured else (own,):
     if candidate and storage.path(candidate).exists():
@@ -143,7 +145,7 @@ def ensure(config, workdir: str) -> Tokenizer:
   if config.data.tokenizer:
     tok = load(config.data.tokenizer, "config.data.tokenizer", CONFIGURED_FIX)
   else:
-    path = workdir_path(config, workdir)
+    path = workdir_path(config.data, workdir)
     if storage.path(path).exists():
       tok = load(path, "The workdir's tokenizer",
                  "delete it (and the workdir's data/) to train a new one, or "
@@ -168,7 +170,7 @@ def _train(config, path: str) -> Tokenizer:
   (`text_train`), which leaves the same choice of whole or absent.
   """
   corpus = config.data.corpus
-  kind = tokenizer_type(config)
+  kind = tokenizer_type(config.data)
   if config.data.format != "sentences":
     raise ValueError(
         "Training a tokenizer needs a corpus in the official sentence "

@@ -73,7 +73,7 @@ def stand_in(cfg: ModelConfig, platform: str,
 def for_config(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The train step of `config` (pre-training or fine-tuning), compiled for
   `platform` ("tpu", "cpu", ...)."""
-  if config.get("job", "pretrain") == "finetune":
+  if config.job == "finetune":
     return finetune(config, platform, stand_in_16bit)
   return pretrain(config, platform, stand_in_16bit)
 
@@ -117,8 +117,7 @@ def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
                           stand_in_16bit)
   task = registry.make_task(config.data.task, config.data)
   lm_weight = finetune_start.lm_aux_weight(config, cfg)
-  pack = spec_lib.pack_for(task, config.data.get("pack", 0), lm_weight > 0,
-                           cfg.causal)
+  pack = spec_lib.pack_for(task, config.data.pack, lm_weight > 0, cfg.causal)
   spec = spec_lib.for_task(task, cfg, config.data.max_seq_length,
                            lm_head=lm_weight > 0, pack=pack)
   return Target(f"finetune {task.name}", cfg, spec.init_params,

@@ -36,6 +36,7 @@ from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.interop import pretrained as pretrained_lib
 from albert_jax.model import albert as albert_lib
+from albert_jax.training import defaults
 from albert_jax.training import objectives
 
 SENTENCE_OBJECTIVES = ("nsp", "sop")
@@ -46,9 +47,10 @@ class CrossEvalError(ValueError):
   """A run or dataset that cannot be scored as asked."""
 
 
-def data_dir(run_dir: str, config: dict[str, Any]) -> str:
-  """Where a run's prepared data is: config.data.data_dir or WORKDIR/data."""
-  return str(config["data"].get("data_dir") or "") or f"{run_dir}/data"
+def data_dir(run_dir: str, data: dict[str, Any]) -> str:
+  """Where a run's prepared data is: its `config.data` section's data_dir,
+  or WORKDIR/data."""
+  return str(data.get("data_dir") or "") or f"{run_dir}/data"
 
 
 def data_objective(directory: str) -> str:
@@ -111,15 +113,15 @@ def cross_evaluate(run_dirs: Sequence[str], eval_batches: int = 0
     if not config_path.exists():
       raise CrossEvalError(f"{run_dir} has no config.json; give pre-training "
                            "workdirs (e.g. a sweep's WORKDIR_ROOT/*/).")
-    config = json.loads(config_path.read_bytes())
-    runs.append((run_dir, config, data_dir(run_dir, config)))
+    config = defaults.upgrade(json.loads(config_path.read_bytes()))
+    runs.append((run_dir, config, data_dir(run_dir, config["data"])))
   datasets = {}
   for _, _, directory in runs:
     datasets.setdefault(data_objective(directory), directory)
   rows = []
   for run_dir, config, own in runs:
     model = pretrained_lib.load_pretrained(run_dir)
-    batches = eval_batches or int(config.get("eval_batches", 8))
+    batches = eval_batches or int(config["eval_batches"])
     row = {"run": storage.path(run_dir).name,
            "objective": config["data"]["objective"], "step": model.step,
            "mlm_accuracy": evaluate_on(model, config, own,

@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from albert_jax import storage
 from albert_jax.model.config import ModelConfig
+from albert_jax.training import defaults
 from albert_jax.training import metrics
 
 TABLE_FILE = "report.md"
@@ -93,8 +94,9 @@ def load_run(path: str) -> Run:
   config_path = f"{path}/config.json"
   if not storage.path(config_path).exists():
     raise ReportError(f"{not_run}: it has no config.json.")
-  config = _read_json(config_path, "the trainer writes it when it starts.")
-  if config.get("job", "pretrain") != "pretrain":
+  config = defaults.upgrade(_read_json(
+      config_path, "the trainer writes it when it starts."))
+  if config["job"] != "pretrain":
     raise ReportError(f"{path} is a {config['job']} run; the report compares "
                       "pre-training runs.")
   metrics_path = f"{path}/final_metrics.json"

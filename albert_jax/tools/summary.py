@@ -29,6 +29,7 @@ from albert_jax import tree as tree_lib
 from albert_jax.model import albert as albert_lib
 from albert_jax.model import flops as flops_lib
 from albert_jax.model.config import ModelConfig
+from albert_jax.training import defaults
 from albert_jax.training import run_spec
 
 ENCODER_TOTAL = "encoder model (incl. pooler)"
@@ -274,7 +275,8 @@ def format_table(rows: list[Row]) -> str:
 def format_model(config, cfg: ModelConfig) -> str:
   """The headline: the run's objective (when not masked LM) and shapes."""
   kind = run_spec.kind(config)
-  lines = [] if kind == run_spec.DEFAULT else [f"pretraining={kind}"]
+  lines = ([] if kind == defaults.PRETRAINING["pretraining"]
+           else [f"pretraining={kind}"])
   lines.append(
       f"share={cfg.share}, layers={cfg.num_hidden_layers}, "
       f"groups={cfg.num_hidden_groups}, inner={cfg.inner_group_num}, "

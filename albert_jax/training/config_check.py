@@ -10,32 +10,39 @@ bad key, its value, what is allowed and an example of the fix.
 
 Only the fields a config has are checked: pre-training and fine-tuning
 configs share this module, and a fine-tuning config's model section holds
-overrides (None: keep the checkpoint's value). `config.data.task` is checked
-against the task names the caller passes (`check(..., task_names=...)`):
-the registry of tasks is fine-tuning's, above this stage, so the fine-tuning
-run and the CLI pass `finetune.registry.task_names()`.
+overrides (None: keep the checkpoint's value). A choice field is checked
+against the choices its owner declares (`CHOICES`). `config.data.task` is
+checked against the task names the caller passes (`check(...,
+task_names=...)`), and the task families' own fields against the choices it
+passes (`check(..., choices=...)`): the registry of tasks is fine-tuning's,
+above this stage, so the CLI passes `finetune.registry.task_names()` and the
+fine-tuning run and the CLI `finetune.registry.config_choices()`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from albert_jax import hints
+from albert_jax.data import instances
+from albert_jax.model import config as model_config
+from albert_jax.text import tokenizer
+from albert_jax.training import optimizer
+from albert_jax.training import run_spec
 
-# What each choice field accepts.
-PRETRAINING = ("masked_lm", "causal_lm", "electra")
-OBJECTIVES = ("sop", "nsp", "none")  # albert_jax.data.instances.OBJECTIVES
-TOKENIZER_TYPES = ("sentencepiece", "bpe")
-DTYPES = ("float32", "bfloat16")
-# Fine-tuning: albert_jax.finetune.tasks.classification.files.TASK_TYPES and
-# albert_jax.finetune.tasks.squad.task.V2_HEADS (config.data.task's names come
-# from the registry itself).
-TASK_TYPES = ("classification", "regression")
-V2_HEADS = ("official", "simple")
-# albert_jax.training.optimizer.OPTIMIZERS and SCHEDULES.
-OPTIMIZERS = ("adamw", "lamb")
-SCHEDULES = ("polynomial", "cosine")
+# What each choice field accepts, as the module that acts on it declares it.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "pretraining": run_spec.KINDS,
+    "data.objective": instances.OBJECTIVES,
+    "data.tokenizer_type": tokenizer.KINDS,
+    "model.dtype": model_config.TRAINING_DTYPES,
+    "optimizer.name": optimizer.NAMES,
+    "optimizer.schedule": optimizer.SCHEDULES,
+}
+# The fine-tuning task families' choices (`data.task_type`, `data.v2_head`)
+# are above this stage: the caller passes them, `check(..., choices=
+# finetune.registry.config_choices())`, as it passes the task names.
 
 
 class ConfigError(ValueError):
@@ -51,9 +58,16 @@ def _whole(v: Any) -> bool:
   return isinstance(v, int) and not isinstance(v, bool)
 
 
-# key: (test, what is allowed, an example value)
+class _Choice(NamedTuple):
+  """A field that must be one of its owner's CHOICES (or of the choices the
+  caller passes): an example value, and why the choices are what they are."""
+  example: str
+  note: str = ""
+
+
+# key: (test, what is allowed, an example value), or _Choice
 _Rule = tuple[Callable[[Any], bool], str, Any]
-_RULES: dict[str, _Rule] = {
+_RULES: dict[str, _Rule | _Choice] = {
     "seed": (_whole, "a whole number", 0),
     "batch_size": (lambda v: _whole(v) and v >= 1, "a whole number >= 1", 32),
     "accumulation_steps": (lambda v: _whole(v) and v >= 1,
@@ -72,14 +86,11 @@ _RULES: dict[str, _Rule] = {
                                   "a whole number >= 1", 20),
     "peak_tflops_per_device": (lambda v: _number(v) and v >= 0,
                                "a number >= 0 (0: look it up)", 0.0),
-    "pretraining": (lambda v: v in PRETRAINING, f"one of {PRETRAINING}",
-                    "masked_lm"),
+    "pretraining": _Choice("masked_lm"),
     "data.max_seq_length": (lambda v: _whole(v) and v >= 4,
                             "a whole number >= 4", 128),
-    "data.objective": (lambda v: v in OBJECTIVES, f"one of {OBJECTIVES}",
-                       "sop"),
-    "data.tokenizer_type": (lambda v: v in TOKENIZER_TYPES,
-                            f"one of {TOKENIZER_TYPES}", "sentencepiece"),
+    "data.objective": _Choice("sop"),
+    "data.tokenizer_type": _Choice("sentencepiece"),
     "data.short_seq_prob": (lambda v: _number(v) and 0 <= v <= 1,
                             "a number in [0, 1]", 0.1),
     "data.dupe_factor": (lambda v: _whole(v) and v >= 1,
@@ -103,17 +114,13 @@ _RULES: dict[str, _Rule] = {
                                 "a number in [0, 1]", 0.8),
     "masking.random_token_prob": (lambda v: _number(v) and 0 <= v <= 1,
                                   "a number in [0, 1]", 0.1),
-    "model.dtype": (lambda v: v in DTYPES, f"one of {DTYPES} (float16 "
-                    "needs loss scaling, which albert_jax does not do; "
-                    "bfloat16 has float32's range)", "bfloat16"),
-    "data.task_type": (lambda v: v in TASK_TYPES, f"one of {TASK_TYPES}",
-                       "classification"),
-    "data.v2_head": (lambda v: v in V2_HEADS, f"one of {V2_HEADS}",
-                     "official"),
-    "optimizer.name": (lambda v: v in OPTIMIZERS, f"one of {OPTIMIZERS}",
-                       "adamw"),
-    "optimizer.schedule": (lambda v: v in SCHEDULES, f"one of {SCHEDULES}",
-                           "polynomial"),
+    "model.dtype": _Choice("bfloat16", " (float16 needs loss scaling, which "
+                           "albert_jax does not do; bfloat16 has float32's "
+                           "range)"),
+    "data.task_type": _Choice("classification"),
+    "data.v2_head": _Choice("official"),
+    "optimizer.name": _Choice("adamw"),
+    "optimizer.schedule": _Choice("polynomial"),
     "goodput.data_stall_share": (lambda v: _number(v) and 0 < v < 1,
                                  "a number in (0, 1)", 0.1),
     "goodput.slow_step_factor": (lambda v: _number(v) and v > 1,
@@ -133,7 +140,7 @@ def _get(config: Mapping[str, Any], key: str) -> tuple[bool, Any]:
 def _describe(key: str, value: Any, allowed: str, example: Any,
               choices: Sequence[str] = ()) -> str:
   hint = ""
-  choices = list(choices) or _choices(key)
+  choices = list(choices)
   if isinstance(value, str) and choices:
     close = hints.closest(value, choices, cutoff=0.5)
     if close:
@@ -143,23 +150,26 @@ def _describe(key: str, value: Any, allowed: str, example: Any,
           f"--config.{key}={example}")
 
 
-def _choices(key: str) -> list[str]:
-  return {"pretraining": list(PRETRAINING), "data.objective": list(OBJECTIVES),
-          "data.tokenizer_type": list(TOKENIZER_TYPES),
-          "model.dtype": list(DTYPES), "data.task_type": list(TASK_TYPES),
-          "data.v2_head": list(V2_HEADS), "optimizer.name": list(OPTIMIZERS),
-          "optimizer.schedule": list(SCHEDULES)}.get(key, [])
-
-
 def problems(config: Mapping[str, Any],
-             task_names: Sequence[str] | None = None) -> list[str]:
+             task_names: Sequence[str] | None = None,
+             choices: Mapping[str, Sequence[str]] | None = None) -> list[str]:
   """One line per config value that cannot run ([] if none); with
-  `task_names`, `config.data.task` must be one of them."""
+  `task_names`, `config.data.task` must be one of them; `choices`: the
+  allowed values of fields whose owners are above this stage (a field with
+  none is not checked here)."""
   out = []
-  for key, (ok, allowed, example) in _RULES.items():
+  every = {**CHOICES, **(choices or {})}
+  for key, rule in _RULES.items():
     present, value = _get(config, key)
-    if present and value is not None and not ok(value):
-      out.append(_describe(key, value, allowed, example))
+    if not present or value is None:
+      continue
+    if isinstance(rule, _Choice):
+      names = every.get(key)
+      if names is not None and value not in names:
+        out.append(_describe(key, value, f"one of {tuple(names)}{rule.note}",
+                             rule.example, names))
+    elif not rule[0](value):
+      out.append(_describe(key, value, rule[1], rule[2]))
   present, task = _get(config, "data.task")
   if (task_names is not None and present and task is not None
       and task not in task_names):
@@ -177,9 +187,8 @@ def problems(config: Mapping[str, Any],
     # A full model section (pre-training): ModelConfig's own checks. A
     # fine-tuning config's overrides are checked when merged with the
     # checkpoint's config.
-    from albert_jax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
     try:
-      ModelConfig.from_dict(model)
+      model_config.ModelConfig.from_dict(model)
     except ValueError as e:
       return [str(e).removeprefix("Invalid model config: ").rstrip(".")]
   values = {k: _get(config, k)[1] for k in (
@@ -217,24 +226,14 @@ def problems(config: Mapping[str, Any],
   return out
 
 
-# The held-out metrics a pre-training run can keep its best checkpoint by:
-# higher is better for each (the checkpoint manager keeps the maximum).
-BEST_METRICS = {
-    "masked_lm": ("mlm_accuracy", "sop_accuracy"),
-    "causal_lm": ("lm_accuracy",),
-    "electra": ("mlm_accuracy", "rtd_accuracy", "rtd_precision",
-                "rtd_recall"),
-}
-
-
 def _best_metric_problem(config: Mapping[str, Any]) -> str | None:
   """A pre-training config's best_metric must be one its run reports (a
   misspelt one used to turn best-checkpoint keeping off silently)."""
   present, name = _get(config, "best_metric")
   kind = _get(config, "pretraining")[1]
-  if not present or not name or kind not in BEST_METRICS:
+  if not present or not name or kind not in run_spec.BEST_METRICS:
     return None
-  allowed = list(BEST_METRICS[kind])
+  allowed = list(run_spec.BEST_METRICS[kind])
   if kind == "masked_lm" and _get(config, "data.objective")[1] == "none":
     allowed.remove("sop_accuracy")  # no sentence task, no such metric
   if name in allowed:
@@ -246,18 +245,17 @@ def _best_metric_problem(config: Mapping[str, Any]) -> str | None:
 
 
 def check(config: Mapping[str, Any],
-          task_names: Sequence[str] | None = None) -> None:
+          task_names: Sequence[str] | None = None,
+          choices: Mapping[str, Sequence[str]] | None = None) -> None:
   """Raises ConfigError listing every value of `config` that cannot run,
   including the optimizer's (`optimizer.check`) and its own fine-tuning
   stage's (`config.finetune`); with `task_names`, the fine-tuning task's
-  name too (`problems`)."""
-  from albert_jax.training import optimizer  # pylint: disable=g-import-not-at-top
-  found, cause = problems(config, task_names), None
+  name too, and with `choices`, the fields they name (`problems`)."""
+  found, cause = problems(config, task_names, choices), None
   best = _best_metric_problem(config) if not found else None
   if best:
     found.append(best)
   if not found and _get(config, "data.pack")[1]:
-    from albert_jax.training import run_spec  # pylint: disable=g-import-not-at-top
     try:
       run_spec.check_pack(config)
     except ValueError as e:
@@ -271,4 +269,4 @@ def check(config: Mapping[str, Any],
     raise ConfigError("; ".join(found) + ".") from cause
   stage = config.get("finetune") if hasattr(config, "get") else None
   if stage is not None:
-    check(stage, task_names)
+    check(stage, task_names, choices)

@@ -65,9 +65,9 @@ class ElectraOptions:
                        f"> 0, got {self.temperature!r}.")
 
   @classmethod
-  def from_config(cls, config: Any) -> "ElectraOptions":
-    """From a run config's `electra` section (a ConfigDict or JSON dict)."""
-    section = config.get("electra") if hasattr(config, "get") else None
+  def from_config(cls, section: Any) -> "ElectraOptions":
+    """From a run config's `electra` section (a ConfigDict or JSON dict;
+    None where the config has none)."""
     if section is None:
       raise ValueError(
           "config.pretraining='electra' needs a config.electra section "

@@ -48,9 +48,9 @@ class FitResult:
   goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _loader_hint(config) -> str:
-  """The data-stall warning's first fix: the run's own loader settings."""
-  data = config.get("data")
+def _loader_hint(data) -> str:
+  """The data-stall warning's first fix: the run's own loader settings
+  (`config.data`)."""
   if data is None or "num_workers" not in data:
     return ""
   return (f"raise config.data.num_workers (now {data.num_workers}) or "
@@ -189,18 +189,18 @@ class _Fit:
     self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
                                         config.peak_tflops_per_device)
     self.guard = guards.NonFiniteGuard(
-        config.get("max_consecutive_nonfinite", 20), plan.param_paths)
+        config.max_consecutive_nonfinite, plan.param_paths)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = -1
     self.saved = {start_step} if plan.resumed else set()
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
     self.account = goodput_lib.Account(
-        workdir, goodput_lib.GoodputOptions.from_config(
-            config.get("goodput")), start_step=start_step,
+        workdir, goodput_lib.GoodputOptions.from_config(config.goodput),
+        start_step=start_step,
         started_at=plan.started_at, enabled=is_main)
     self.profiler = profiling.StepProfiler(
-        profiling.ProfileOptions.from_config(config.get("profile")), workdir,
+        profiling.ProfileOptions.from_config(config.profile), workdir,
         session_start=start_step,
         lower=getattr(plan.train_step, "lower", None))
     self.preemption: guards.Preemption | None = None  # set by `fit`
@@ -282,7 +282,7 @@ class _Fit:
     """goodput/* and badput/* scalars, the data-stall check, and (in a
     gs:// workdir, where goodput.json is not rewritten every step) the
     goodput record."""
-    self.account.check_data_stall(_loader_hint(self.config))
+    self.account.check_data_stall(_loader_hint(self.config.data))
     self.writer.write(done, self.account.scalars())
     if self.account.remote:
       self.account.save()

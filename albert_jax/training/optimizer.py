@@ -256,6 +256,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9,
 
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "lamb": lamb, "adamw": adamw}
+NAMES = tuple(sorted(OPTIMIZERS))  # config.optimizer.name's choices
 
 
 def check(config) -> None:
@@ -291,8 +292,8 @@ def check(config) -> None:
     if not (number and math.isfinite(value) and ok(value)):
       problems.append(f"config.optimizer.{key}={value!r} must be {allowed}, "
                       f"e.g. --config.optimizer.{key}={example}")
-  decay = o.get("layerwise_lr_decay", 1.0)
-  if config.get("job", "pretrain") != "finetune" and decay != 1:
+  decay = o.layerwise_lr_decay
+  if config.job != "finetune" and decay != 1:
     # ELECTRA decays the rates when fine-tuning; pre-training trains every
     # layer from scratch, where slower lower layers would only lag.
     problems.append(f"config.optimizer.layerwise_lr_decay={decay!r} is for "
@@ -311,16 +312,16 @@ def make(config, model_config=None
 
   Reads: optimizer.{name, learning_rate, warmup_steps, end_learning_rate,
   power, b1, b2, eps, weight_decay, bias_correction, clip_norm} and
-  config.num_train_steps; optimizer.schedule ("polynomial", ALBERT's, when
-  absent, or "cosine", GPT-1's; `power` applies to the polynomial only);
-  optimizer.layerwise_lr_decay (1.0 when absent), which needs
-  `model_config`, the encoder's `ModelConfig` (`layer_lr_multipliers`).
+  config.num_train_steps; optimizer.schedule ("polynomial", ALBERT's, or
+  "cosine", GPT-1's; `power` applies to the polynomial only);
+  optimizer.layerwise_lr_decay (1.0: off), which needs `model_config`, the
+  encoder's `ModelConfig` (`layer_lr_multipliers`).
   """
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     raise ValueError(f"optimizer.name={o.name!r}; choose one of "
                      f"{sorted(OPTIMIZERS)}.")
-  kind = o.get("schedule", "polynomial")
+  kind = o.schedule
   if kind not in SCHEDULES:
     raise ValueError(f"optimizer.schedule={kind!r}; choose one of "
                      f"{SCHEDULES}.")
@@ -333,7 +334,7 @@ def make(config, model_config=None
   tx = OPTIMIZERS[o.name](schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                           weight_decay=o.weight_decay,
                           bias_correction=o.bias_correction)
-  decay = o.get("layerwise_lr_decay", 1.0)
+  decay = o.layerwise_lr_decay
   if decay != 1:
     if model_config is None:
       raise ValueError(f"optimizer.layerwise_lr_decay={decay} needs the "

@@ -73,8 +73,9 @@ def problems(section: Mapping[str, Any]) -> list[str]:
   """One line per `config.profile` value that cannot run (for
   `config_check`)."""
   out = []
-  num, start = section.get("num_steps", 0), section.get("start_step", -1)
-  period, hosts = section.get("period", 0), section.get("hosts", (0,))
+  values = {**dataclasses.asdict(ProfileOptions()), **dict(section)}
+  num, start = values["num_steps"], values["start_step"]
+  period, hosts = values["period"], values["hosts"]
   whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
   if not whole(num) or num < 0:
     out.append(f"config.profile.num_steps={num!r} must be a whole number "

@@ -149,7 +149,7 @@ def recipe(config, workdir: str) -> dict[str, Any]:
         files[key] = [_fingerprint(p) for p in named]
   if "data.tokenizer" not in files and "data" in values:
     try:
-      own = run_tokenizer.workdir_path(values, workdir)
+      own = run_tokenizer.workdir_path(values["data"] or {}, workdir)
     except ValueError:  # a bad tokenizer_type: the run reports it itself
       own = None
     if own and storage.path(own).exists():

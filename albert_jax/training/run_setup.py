@@ -29,7 +29,8 @@ import logging
 import os
 import subprocess
 import time
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import (Any, Callable, Iterable, Iterator, Mapping, Protocol,
+                    Sequence)
 
 import jax
 
@@ -38,6 +39,7 @@ from albert_jax import storage
 from albert_jax import tree as tree_lib
 from albert_jax.training import checkpoints
 from albert_jax.training import config_check
+from albert_jax.training import defaults
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import loop
 from albert_jax.training import profiling
@@ -58,7 +60,7 @@ FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
 def compiler_options(config) -> dict[str, Any] | None:
   """`jax.jit` compiler options for `config.fast_compile` (smoke runs and
   debugging on CPU: quicker to start, slower per step), else None."""
-  if config.get("fast_compile", False) and jax.default_backend() == "cpu":
+  if config.fast_compile and jax.default_backend() == "cpu":
     return dict(FAST_COMPILE_OPTIONS)
   return None
 
@@ -125,7 +127,7 @@ def leased(config, workdir: str) -> Iterator[lease_lib.Lease]:
   """`workdir`'s lease, held while the block runs (taken over from a live
   run only with `config.take_over_workdir`)."""
   with lease_lib.acquire(workdir,
-                         config.get("take_over_workdir", False)) as lease:
+                         config.take_over_workdir) as lease:
     yield lease
 
 
@@ -254,24 +256,31 @@ def stopped_early(out: loop.FitResult) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def start(config, workdir: str, *, lease: lease_lib.Lease | None = None,
-          check: Callable[[Any, str], None] | None = None) -> Iterator[Run]:
+          check: Callable[[Any, str], None] | None = None,
+          choices: Mapping[str, Sequence[str]] | None = None
+          ) -> Iterator[Run]:
   """Checks `config`, prepares and leases `workdir`, and makes the mesh.
 
   Args:
-    config: the run's config.
+    config: the run's config; the fields an earlier version's config lacks
+      are added to it (`defaults.fill`).
     workdir: a local path or gs://BUCKET/PATH.
     lease: the workdir's, when the caller already holds it (else taken
       here and released when the block ends).
     check: (config, workdir) → None, the caller's own checks (fine-tuning's
       data files), run after the workdir's links and before its recipe.
+    choices: the allowed values of config fields whose owners are above
+      this stage (fine-tuning's `registry.config_choices()`), for
+      `config_check.check`.
 
   Yields:
     The `Run`, its lease held.
   """
   started_at = time.time()  # goodput counts the start-up from here
-  config_check.check(config)
+  defaults.fill(config)  # the fields an earlier version's config lacks
+  config_check.check(config, choices=choices)
   profiling.check_can_trace(
-      profiling.ProfileOptions.from_config(config.get("profile")))
+      profiling.ProfileOptions.from_config(config.profile))
   workdir = storage.as_str(workdir)
   storage.refuse_links_out(workdir)
   if check is not None:

@@ -39,15 +39,21 @@ from albert_jax.model.config import ModelConfig
 from albert_jax.training import electra as electra_lib
 from albert_jax.training import objectives
 
-DEFAULT = "masked_lm"
-KINDS = ("masked_lm", "electra", "causal_lm")
+KINDS = ("masked_lm", "causal_lm", "electra")
+# The held-out metrics a run of each kind can keep its best checkpoint by:
+# higher is better for each (the checkpoint manager keeps the maximum).
+BEST_METRICS = {
+    "masked_lm": ("mlm_accuracy", "sop_accuracy"),
+    "causal_lm": ("lm_accuracy",),
+    "electra": ("mlm_accuracy", "rtd_accuracy", "rtd_precision",
+                "rtd_recall"),
+}
 
 
 def kind(config) -> str:
-  """`config.pretraining`, checked; configs written before the field existed
-  are masked-LM runs."""
-  name = config.get("pretraining", DEFAULT) if hasattr(config, "get") else (
-      DEFAULT)
+  """`config.pretraining`, checked (configs written before the field
+  existed are masked-LM runs: `defaults.upgrade`)."""
+  name = config["pretraining"]
   if name not in KINDS:
     raise ValueError(
         f"config.pretraining={name!r} is not an objective; choose one of "
@@ -197,7 +203,7 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
   common = dict(model_config=cfg, batch_size=batch, seq_len=seq)
   pack = check_pack(config)
   if name == "electra":
-    options = electra_lib.ElectraOptions.from_config(config)
+    options = electra_lib.ElectraOptions.from_config(config.get("electra"))
     generator = electra_model.generator_config(cfg,
                                                options.generator_fraction)
     model = electra_model.Electra(cfg, generator)
@@ -212,12 +218,12 @@ def run_spec(config, model_config: ModelConfig | None = None, *,
                    objective=objectives.CausalLMObjective(
                        model, right_padded=True),
                    num_predictions=0, **common)
-  heads = sentence_heads(config.data.get("objective", "sop"))
+  heads = sentence_heads(config.data.objective)
   model = albert_lib.Albert(cfg, heads=heads)
   if pack:
     if num_predictions is None:
       preds = masking_lib.packed_predictions(
-          pipeline.masking_config(config), seq, pack)
+          pipeline.masking_config(config.masking), seq, pack)
     return RunSpec(kind=name, heads=heads, model=model,
                    objective=objectives.MaskedLMObjective(model, packed=True),
                    num_predictions=preds, max_per_row=pack, **common)
@@ -237,7 +243,7 @@ def check_pack(config) -> int:
     ValueError: one line, the reason and the fix.
   """
   config = _as_config(config)
-  pack = config.data.get("pack", 0)
+  pack = config.data.pack
   if not pack:
     return 0
   name = kind(config)

@@ -192,7 +192,7 @@ class SideBySide:
     def loader(split, seed):
       return loader_lib.Loader(
           data_dir, split, global_batch_size=c.batch_size, vocab=vocab,
-          seed=seed, masking_config=pipeline.masking_config(c),
+          seed=seed, masking_config=pipeline.masking_config(c.masking),
           dynamic_masking=False, process_index=0, process_count=1,
           prefetch=0)
     self.train = loader("train", c.seed)

@@ -16,6 +16,7 @@ from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import pipeline
 from albert_jax.data import prepare
+from albert_jax.training import defaults
 
 SEQ = 32
 
@@ -130,12 +131,12 @@ def test_missing_data_on_gcs_names_the_gs_path(
 
 
 def _run_config(corpus: str) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(defaults.upgrade(dict(
       seed=0, model=dict(vocab_size=300),
       data=dict(corpus=corpus, format="sentences", tokenizer="",
                 data_dir="", max_seq_length=SEQ, objective="sop",
                 nsp_negatives_in_sop=False, short_seq_prob=0.1,
-                dupe_factor=1, eval_fraction=0.1, num_workers=1)))
+                dupe_factor=1, eval_fraction=0.1, num_workers=1))))
 
 
 def test_pipeline_prepares_into_a_gcs_workdir_once(

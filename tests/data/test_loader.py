@@ -267,7 +267,7 @@ def test_trainer_passes_every_masking_field():
   assert set(changed) == fields
   assert fields <= set(config.masking)
   config.masking.update(changed)
-  got = pipeline.masking_config(config)
+  got = pipeline.masking_config(config.masking)
   assert dataclasses.asdict(got) == changed
 
 

@@ -124,7 +124,8 @@ def test_cli_bad_values_and_flags_are_one_line(tmp_path):
        "'num_train_steps' or 'log_every_steps'?). Valid fields there: "
        "accumulation_steps, async_checkpoints, batch_size, best_metric, "
        "checkpoint_every_steps, data, eval_batches, eval_every_steps, "
-       "fast_compile, goodput, keep_checkpoints, log_every_steps, masking, "
+       "fast_compile, goodput, job, keep_checkpoints, log_every_steps, "
+       "masking, "
        "max_consecutive_nonfinite, mesh, model, num_train_steps, optimizer, "
        "peak_tflops_per_device, pretraining, profile, seed, sharding_rules, "
        "take_over_workdir.")]:
@@ -250,3 +251,39 @@ def test_pack_values_and_the_objectives_that_refuse_it():
   gpt = load("gpt_small")
   gpt.data.pack = 2
   assert "causal_lm" in message(gpt) and "\n" not in message(gpt)
+
+
+def test_each_choice_list_is_its_owners():
+  """config_check copies no list of choices: it reads each from the module
+  that acts on the field, and the task families' from the registry."""
+  from albert_jax.data import instances  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.tasks.classification import files  # pylint: disable=g-import-not-at-top
+  from albert_jax.finetune.tasks.squad import task as squad_task  # pylint: disable=g-import-not-at-top
+  from albert_jax.model import config as model_config  # pylint: disable=g-import-not-at-top
+  from albert_jax.text import tokenizer  # pylint: disable=g-import-not-at-top
+  from albert_jax.training import run_spec  # pylint: disable=g-import-not-at-top
+  owners = {"pretraining": run_spec.KINDS,
+            "data.objective": instances.OBJECTIVES,
+            "data.tokenizer_type": tokenizer.KINDS,
+            "model.dtype": model_config.TRAINING_DTYPES,
+            "optimizer.name": optimizer.NAMES,
+            "optimizer.schedule": optimizer.SCHEDULES}
+  assert config_check.CHOICES.keys() == owners.keys()
+  assert all(config_check.CHOICES[k] is v for k, v in owners.items())
+  assert registry.config_choices() == {"data.task_type": files.TASK_TYPES,
+                                       "data.v2_head": squad_task.V2_HEADS}
+  assert set(optimizer.NAMES) == set(optimizer.OPTIMIZERS)
+  # Without the families' choices their fields are left to the families.
+  c = load("squad", "version=2.0")
+  c.data.v2_head = "simpel"
+  config_check.check(c)
+  assert message_with(c, registry.config_choices()) == (
+      "config.data.v2_head='simpel' must be one of ('official', 'simple') "
+      "(did you mean 'simple'?), e.g. --config.data.v2_head=simple.")
+
+
+def message_with(config, choices) -> str:
+  with pytest.raises(config_check.ConfigError) as e:
+    config_check.check(config, choices=choices)
+  return str(e.value)

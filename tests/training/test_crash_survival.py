@@ -55,6 +55,7 @@ import pytest
 from albert_jax.data import pipeline
 from albert_jax.text import run_tokenizer
 from albert_jax.text import train_tokenizer as text_train
+from albert_jax.training import defaults
 from locations import CORPUS
 from locations import REPO
 
@@ -360,12 +361,12 @@ class Killed(BaseException):
 
 
 def _data_config(corpus):
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(defaults.upgrade(dict(
       seed=0, model=dict(vocab_size=VOCAB),
       data=dict(corpus=str(corpus), format="sentences", tokenizer="",
                 data_dir="", max_seq_length=SEQ, objective="sop",
                 nsp_negatives_in_sop=False, short_seq_prob=0.1,
-                dupe_factor=1, eval_fraction=0.1, num_workers=1)))
+                dupe_factor=1, eval_fraction=0.1, num_workers=1))))
 
 
 def _write_corpus(path):

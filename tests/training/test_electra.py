@@ -150,13 +150,13 @@ def test_generator_config_follows_the_official_rule():
 
 def test_options_are_checked():
   config = load_config("electra_small", "tiny")
-  assert electra_lib.ElectraOptions.from_config(config) == electra_lib.ElectraOptions(
-      0.25, 1.0, 50.0, 1.0)
+  assert electra_lib.ElectraOptions.from_config(
+      config.electra) == electra_lib.ElectraOptions(0.25, 1.0, 50.0, 1.0)
   del config["electra"]
   with pytest.raises(ValueError, match="needs a config.electra section"):
     run_spec.run_spec(config)
   with pytest.raises(ValueError, match="did you mean 'temperature'"):
-    electra_lib.ElectraOptions.from_config({"electra": {"temprature": 2.0}})
+    electra_lib.ElectraOptions.from_config({"temprature": 2.0})
   with pytest.raises(ValueError, match="temperature must be a finite"):
     electra_lib.ElectraOptions(temperature=0.0)
   with pytest.raises(ValueError, match="disc_weight must be"):

@@ -15,6 +15,7 @@ import ml_collections
 import pytest
 
 from albert_jax.training import checkpoints
+from albert_jax.training import defaults
 from albert_jax.training import goodput
 from albert_jax.training import loop
 from albert_jax.training import metrics
@@ -119,13 +120,13 @@ def test_a_damaged_record_is_set_aside(tmp_path, caplog):
 
 
 def _config(**overrides):
-  return ml_collections.ConfigDict({**dict(
+  return ml_collections.ConfigDict(defaults.upgrade({**dict(
       num_train_steps=12, log_every_steps=4, eval_every_steps=100,
       checkpoint_every_steps=6, batch_size=2, seed=0,
       max_consecutive_nonfinite=3, peak_tflops_per_device=0.0,
       data=dict(num_workers=1, prefetch=2),
       goodput=dict(data_stall_share=0.1, slow_step_factor=3.0)),
-      **overrides})
+      **overrides}))
 
 
 @jax.jit

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from albert_jax.training import checkpoints
+from albert_jax.training import defaults
 from albert_jax.training import guards
 from albert_jax.training import loop
 
@@ -81,10 +82,10 @@ def test_guard_refuses_a_nonpositive_limit():
 
 
 def _config(**overrides):
-  return ml_collections.ConfigDict({**dict(
+  return ml_collections.ConfigDict(defaults.upgrade({**dict(
       num_train_steps=10, log_every_steps=4, eval_every_steps=100,
       checkpoint_every_steps=100, batch_size=2, seed=0,
-      max_consecutive_nonfinite=3, peak_tflops_per_device=0.0), **overrides})
+      max_consecutive_nonfinite=3, peak_tflops_per_device=0.0), **overrides}))
 
 
 def _fake_step(first_bad: int):

@@ -11,6 +11,7 @@ from albert_jax.finetune.tasks.classification import single_label
 
 TASKS = glue.TASKS + files.TASKS
 TASK_TYPES = (single_label.CLASSIFICATION, single_label.REGRESSION)
+CONFIG_CHOICES = {"data.task_type": files.TASK_TYPES}
 
 
 def make_task(name: str, data) -> single_label.SingleLabelTask:

@@ -11,4 +11,5 @@ from albert_jax.finetune.tasks.squad import task_type
 
 TASKS = task.TASKS
 TASK_TYPES = (task_type.QUESTION_ANSWERING,)
+CONFIG_CHOICES = {"data.v2_head": task.V2_HEADS}
 make_task = task.make_task
