@@ -379,7 +379,8 @@ def classify_config(*, learning_rate: float = 2e-5, batch_size: int = 32,
                     max_seq_length: int = 128, dropout: float = 0.0
                     ) -> ml_collections.ConfigDict:
   """Fine-tuning on the user's own TSV/CSV/JSONL files (the "files" task;
-  its keys are documented in albert_jax/finetune/files.py)."""
+  its keys are documented in
+  albert_jax/finetune/tasks/classification/files.py)."""
   c = finetune_config("files", learning_rate=learning_rate,
                       batch_size=batch_size, num_train_steps=num_train_steps,
                       warmup_steps=warmup_steps,
@@ -397,4 +398,39 @@ def classify_config(*, learning_rate: float = 2e-5, batch_size: int = 32,
       # One labelled file instead of three: cut into stratified
       # train/eval/test files (used when fine-tuning after pre-training).
       split_from="", split_fractions=(0.8, 0.1, 0.1)))
+  return c
+
+
+# The bundled labelled tasks (albert_jax/data/bundled/labeled/): name →
+# (file, train/eval/test fractions its one file is cut into).
+BUNDLED_TASKS = {
+    # Which corpus a held-out sentence comes from, from documents
+    # pre-training never sees; few labels (6% train), where pre-training
+    # pays.
+    "source": ("bundled/labeled/corpus_source.tsv.gz", (0.06, 0.24, 0.7)),
+    # The SpamAssassin e-mails (CC0).
+    "spam": ("bundled/labeled/spam_assassin.tsv.gz", (0.8, 0.1, 0.1)),
+}
+
+
+def bundled_task_config(task: str, steps: int = 150
+                        ) -> ml_collections.ConfigDict:
+  """Fine-tuning on a bundled labelled task, as the demo does: its file cut
+  by `config.seed` into stratified train/eval/test files in the workdir,
+  `steps` steps of batch 32 at 1e-4, sequences of 128.
+
+  Raises:
+    ValueError: a task not in BUNDLED_TASKS.
+  """
+  if task not in BUNDLED_TASKS:
+    raise ValueError(f"Unknown bundled task {task!r}; use one of "
+                     f"{', '.join(BUNDLED_TASKS)}.")
+  c = classify_config(learning_rate=1e-4, batch_size=32,
+                      num_train_steps=steps,
+                      warmup_steps=max(steps // 10, 1), max_seq_length=128)
+  c.data.split_from, c.data.split_fractions = BUNDLED_TASKS[task]
+  c.data.text_column = "text"
+  c.data.label_column = "label"
+  c.log_every_steps = 10
+  c.eval_every_steps = c.checkpoint_every_steps = max(steps // 2, 1)
   return c

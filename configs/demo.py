@@ -62,19 +62,9 @@ def get_config(arg=None):
   if args.finetune_steps == 0:
     return c
   ft_steps = 20 if args.quick else args.finetune_steps
-  c.finetune = config_lib.classify_config(
-      learning_rate=1e-4, batch_size=32, num_train_steps=ft_steps,
-      warmup_steps=max(ft_steps // 10, 1), max_seq_length=128)
-  data, fractions, new_texts = TASKS[args.task]
-  c.finetune.data.split_from = data
-  c.finetune.data.split_fractions = fractions
-  c.finetune.data.text_column = "text"
-  c.finetune.data.label_column = "label"
-  c.finetune.log_every_steps = 10
-  c.finetune.eval_every_steps = c.finetune.checkpoint_every_steps = max(
-      ft_steps // 2, 1)
+  c.finetune = config_lib.bundled_task_config(args.task, ft_steps)
   # Written for the demo, so in none of the bundled files.
-  c.finetune.predict_texts = new_texts
+  c.finetune.predict_texts = TASKS[args.task]
   # Then the same fine-tune from random weights: what pre-training bought.
   c.finetune.compare_random_init = True
   return c
@@ -98,10 +88,5 @@ NEW_EMAILS = (
     "pass now. I will merge it tomorrow unless someone objects.",
 )
 
-# task → (labelled file, train/eval/test fractions, new texts to predict)
-TASKS = {
-    "source": ("bundled/labeled/corpus_source.tsv.gz", (0.06, 0.24, 0.7),
-               NEW_SENTENCES),
-    "spam": ("bundled/labeled/spam_assassin.tsv.gz", (0.8, 0.1, 0.1),
-             NEW_EMAILS),
-}
+# task (config_lib.BUNDLED_TASKS) → new texts to predict
+TASKS = {"source": NEW_SENTENCES, "spam": NEW_EMAILS}

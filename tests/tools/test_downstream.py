@@ -378,3 +378,33 @@ def test_a_killed_suite_resumes_with_only_the_killed_trial(env):
   assert "rte/seed=0: done, skipped" in result.stdout
   report = json.loads((env["root"] / "report.json").read_text())
   assert report["tasks"]["rte"]["finished"] == [0, 1]
+
+
+def test_the_bundled_suite_is_the_demos_fine_tune_over_seeds():
+  """`--suite=bundled`: the demo's two labelled tasks, each trial the demo's
+  fine-tune (configs/bundled.py) from MODEL with the trial's seed; dev
+  accuracy scores, test accuracy beside it, the majority class diverges."""
+  from albert_jax.tools import sweep  # pylint: disable=g-import-not-at-top
+  load = sweep._base_config  # pylint: disable=protected-access
+  assert downstream.parse_suite("bundled") == ["source", "spam"]
+  planned = downstream.trials("/m", ["source", "spam"], 2, "paper")
+  config, overrides = planned["spam/seed=1"]
+  assert overrides == {"init": "/m", "seed": 1}
+  # The trial's config is the demo's fine-tune, but for the demo's own
+  # extras (new texts to predict, the random-init rerun).
+  demo = load(str(REPO / "configs" / "demo.py:task=spam")).finetune
+  del demo.predict_texts, demo.compare_random_init
+  assert load(config).to_dict() == demo.to_dict()
+  runs = {f"spam/seed={k}": _timed(
+      {"eval_accuracy": a, "eval_majority_baseline_accuracy": 0.85,
+       "eval_test/accuracy": b}, 60) for k, (a, b) in enumerate(
+           ((0.95, 0.94), (0.85, 0.86), (0.97, 0.96)))}
+  report = downstream.build_report(["spam"], 3, runs,
+                                   {n: "ok" for n in runs})
+  t = report["tasks"]["spam"]
+  assert t["metrics"]["acc"] == pytest.approx(
+      {"median": 95.0, "min": 85.0, "max": 97.0})
+  assert t["metrics"]["test acc"]["median"] == pytest.approx(94.0)
+  assert t["score"] == pytest.approx(95.0)
+  assert t["diverged"] == [1] and t["median_seed"] == 0
+  assert report["glue"] is None
