@@ -23,7 +23,8 @@ from albert_jax.training import run_spec
 CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
 # Fine-tuning configs: their model section holds overrides of the
 # pre-trained checkpoint's config (None = keep the checkpoint's value).
-FINETUNE_NAMES = ("choice", "classify", "glue", "ner", "race", "squad")
+FINETUNE_NAMES = ("bundled", "choice", "classify", "glue", "ner", "race",
+                  "squad")
 PRETRAIN_NAMES = sorted(set(CONFIG_NAMES) - set(FINETUNE_NAMES))
 
 # (AlbertModel / BertModel incl. pooler, MLM head, SOP head). The MLM head
@@ -50,6 +51,7 @@ ARGS = {
     "squad": ["version=1.1", "version=2.0"],
     "race": ["subset=all", "subset=high", "subset=middle"],
     "classify": ["", "steps=50,lr=1e-4,batch=8,seq=64"],
+    "bundled": ["", "task=spam,steps=20"],
     "ner": ["", "source=files,steps=50,lr=1e-4,batch=8,seq=64"],
     "choice": ["", "steps=50,lr=1e-4,batch=8,seq=64"],
     "demo": ["", "steps=100,finetune_steps=0", "quick", "task=spam"],

@@ -9,17 +9,13 @@ import logging
 import os
 from typing import Any
 
-import jax
-
 from albert_jax import storage
-from albert_jax.finetune import data_files
 from albert_jax.finetune import registry
 from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune.run import run
 from albert_jax.text import run_tokenizer
 from albert_jax.training import config_check
 from albert_jax.training import defaults
-from albert_jax.training import run_setup
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +33,9 @@ def run_after_pretraining(config, pretrain_workdir: str,
   `pretrain_workdir/finetune_random_init`: the baseline that shows what
   pre-training bought (`config.compare_random_init` in the demo).
 
-  `config.init` defaults to the pre-training workdir. With
-  `config.data.split_from` (a labelled TSV/CSV/JSONL file; "bundled/..."
-  names one shipped in albert_jax/data/bundled), the file is cut into
-  stratified train/eval/test files (`config.data.split_fractions`, seed
-  `config.seed`) for the "files" task.
+  `config.init` defaults to the pre-training workdir. `config.data.
+  split_from` is cut into the fine-tuning workdir as any fine-tune's is
+  (`data_files.split_in_workdir`).
 
   With `config.predict_texts` (texts the data does not hold), the best
   checkpoint is reloaded as a user would (`albert_jax.load_pretrained`)
@@ -53,16 +47,9 @@ def run_after_pretraining(config, pretrain_workdir: str,
   config_check.check(config, choices=registry.config_choices())
   workdir = os.fspath(storage.path(storage.as_str(pretrain_workdir))
                       / (RANDOM_INIT_DIR if random_init else "finetune"))
-  storage.refuse_links_out(workdir)
-  data_files.check_data(config, workdir)  # before the split rewrites WORKDIR/data
-  run_setup.prepare_workdir(workdir)
-  # Leased before the split files are written: a second launch must not
-  # rewrite the files a running fine-tune reads.
-  with run_setup.leased(config, workdir) as lease:
-    if random_init:
-      config = _from_random(config, pretrain_workdir)
-    result = run(_with_split_data(config, workdir, pretrain_workdir),
-                 workdir, lease=lease)
+  if random_init:
+    config = _from_random(config, pretrain_workdir)
+  result = run(_with_init(config, pretrain_workdir), workdir)
   texts = [] if random_init else list(config.get("predict_texts") or ())
   if texts and "preempted_at" not in result:
     result["new_predictions"] = predict_new(workdir, texts)
@@ -104,21 +91,11 @@ def _from_random(config, pretrain_workdir: str):
   return config
 
 
-def _with_split_data(config, workdir: str, pretrain_workdir: str):
-  """`config` with `init` defaulting to the pre-training workdir and, with
-  `data.split_from`, the file cut into WORKDIR/data/{train,eval,test}."""
+def _with_init(config, pretrain_workdir: str):
+  """`config` with `init` defaulting to the pre-training workdir."""
   with config.unlocked():
     if config.init == RANDOM_INIT:
       config.init = ""
     elif not config.init:
       config.init = pretrain_workdir
-    if config.data.get("split_from"):
-      out_dir = os.fspath(storage.path(workdir) / "data")
-      parts = data_files.split_files(config, out_dir, write=jax.process_index() == 0)
-      if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-        multihost_utils.sync_global_devices("finetune data split")
-      if parts is not None:
-        log.info("Split %s into %s.", config.data.split_from, ", ".join(
-            f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))
   return config

@@ -8,16 +8,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import sys
 from typing import Optional, Sequence
 
+import jax
 import numpy as np
 
 from albert_jax import storage
 from albert_jax.finetune import tabular
 from albert_jax.training import recipe
+
+log = logging.getLogger(__name__)
 
 
 def _apportion(n: int, fractions: Sequence[float]) -> list[int]:
@@ -115,6 +119,26 @@ def split_files(config, out_dir: str, write: bool) -> dict | None:
       config.data[f"{name}_file"] = os.fspath(
           storage.path(out_dir) / (name + suffix))
   return parts
+
+
+def split_in_workdir(config, workdir: str) -> None:
+  """With `config.data.split_from` (a labelled TSV/CSV/JSONL file;
+  "bundled/..." names one shipped in albert_jax/data/bundled), cuts it into
+  stratified WORKDIR/data/{train,eval,test} files (`data.split_fractions`,
+  seed `config.seed`) and points `config.data`'s files at them; nothing
+  without. The fine-tuning run calls it holding the workdir's lease, so a
+  second launch never rewrites the files a running one reads; the first
+  process writes, every process waits for it."""
+  if not config.data.get("split_from"):
+    return
+  out_dir = os.fspath(storage.path(workdir) / "data")
+  parts = split_files(config, out_dir, write=jax.process_index() == 0)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("finetune data split")
+  if parts is not None:
+    log.info("Split %s into %s.", config.data.split_from, ", ".join(
+        f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))
 
 
 # The data files a fine-tuning run reads, which its recipe fingerprints.

@@ -19,6 +19,7 @@ next-token loss on the task rows' own input text, through the pre-trained
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -31,7 +32,7 @@ import numpy as np
 from albert_jax import sharding as sharding_lib
 from albert_jax import storage
 from albert_jax.finetune import batching
-from albert_jax.finetune.data_files import check_data
+from albert_jax.finetune import data_files
 from albert_jax.finetune import packing
 from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune import registry
@@ -42,6 +43,8 @@ from albert_jax.finetune.task import Task
 from albert_jax.finetune.task import TaskObjective
 from albert_jax.model.config import ModelConfig
 from albert_jax.training import checkpoints
+from albert_jax.training import config_check
+from albert_jax.training import defaults
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import optimizer as optim
 from albert_jax.training import run_setup
@@ -125,8 +128,34 @@ def run(config, workdir: str,
 
   `lease`: the workdir's, when the caller already holds it (else taken
   here).
+
+  With `data.split_from` (a labelled file; "bundled/..." names one shipped
+  in albert_jax/data/bundled), the file is first cut into stratified
+  WORKDIR/data/{train,eval,test} files (`data_files.split_in_workdir`),
+  holding the workdir's lease, so a second launch never rewrites the files
+  a running fine-tune reads, and before the run's own checks, so they (the
+  recipe's included) see the files it trains on. Another source than the
+  workdir's run was cut from is refused before anything is written.
   """
-  with run_setup.start(config, workdir, lease=lease, check=check_data,
+  # A copy: the cut points its data files into the workdir.
+  config = config.copy_and_resolve_references()
+  if not config.data.get("split_from"):
+    return _started(config, workdir, lease)
+  defaults.fill(config)
+  config_check.check(config, choices=registry.config_choices())
+  workdir = storage.as_str(workdir)
+  storage.refuse_links_out(workdir)
+  data_files.check_data(config, workdir)  # before the cut rewrites WORKDIR/data
+  run_setup.prepare_workdir(workdir)
+  with (contextlib.nullcontext(lease) if lease is not None
+        else run_setup.leased(config, workdir)) as held:
+    data_files.split_in_workdir(config, workdir)
+    return _started(config, workdir, held)
+
+
+def _started(config, workdir: str, lease) -> dict[str, Any]:
+  with run_setup.start(config, workdir, lease=lease,
+                       check=data_files.check_data,
                        choices=registry.config_choices()) as r:
     return _fine_tune(config, r)
 

@@ -110,3 +110,28 @@ def test_a_changed_file_and_a_dropped_one_are_named(tmp_path):
       f"data.eval_file={train}, data.test_file={test}, and this run gives "
       f"other data (data.train_file={train} (its content changed), "
       f"data.eval_file={train} (its content changed), data.test_file=none);")
+
+
+def test_a_fine_tune_cuts_split_from_into_its_workdir(tmp_path, spm_of_size):
+  """data.split_from on any fine-tune (configs/bundled.py, the downstream
+  suite's bundled tasks), not only after pre-training: the file is cut into
+  WORKDIR/data under the run's lease, the run trains on those files and
+  records them, and the caller's config is left as given."""
+  tokenizer = spm_of_size(VOCAB)
+  words = ["abc def", "gh ab", "cab bad", "fed hag", "bag deed"]
+  source = _tsv(tmp_path / "labelled.tsv",
+                [(w, "xy"[i % 2]) for i, w in enumerate(words * 4)])
+  workdir = tmp_path / "work"
+  config = _config(tokenizer, split_from=source)
+  result = ft.run(config, str(workdir))
+  assert result["step"] == 2 and result["data"] == "labelled.tsv"
+  assert config.data.train_file == ""  # the caller's config, untouched
+  expected = data_files.split_file(source, str(tmp_path / "expected"),
+                                   (0.6, 0.2, 0.2), seed=0)
+  recorded = json.loads((workdir / "config.json").read_text())["data"]
+  for name, part in expected.items():
+    cut = workdir / "data" / f"{name}.tsv"
+    assert cut.read_bytes() == open(part["path"], "rb").read()
+    assert recorded[f"{name}_file"] == str(cut)
+  # A rerun finds the same data and the run finished.
+  assert ft.run(config, str(workdir))["step"] == 2
