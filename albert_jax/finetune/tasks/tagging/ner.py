@@ -135,6 +135,14 @@ def check_iob(tags: Sequence[str], what: str) -> None:
       f"them, e.g. write {fix}.")
 
 
+def tfds_tag_names(data_dir=None) -> tuple[str, ...]:
+  """The tag names of TFDS `conll2003`, from its builder's description: no
+  data is read or downloaded (`--compile_only` builds the head from them)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder("conll2003", data_dir=data_dir)
+  return tuple(builder.info.features["ner"].feature.names)
+
+
 def read_tfds(split: str, data_dir=None, download: bool = True
               ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
   """(words, tags, tag names) of TFDS `conll2003` split `split`."""
@@ -280,7 +288,7 @@ class TaggingTask(Task):
       self._download = bool(data.get("tfds_download", True))
       self.eval_splits = ("validation",)
       self.predict_splits = ("validation", "test")
-      self.labels = None  # the TFDS tag names, read with the first split
+      self.labels = tfds_tag_names(self._data_dir)
     if self.labels is not None and len(self.labels) < 2:
       raise ValueError(f"The tag set {list(self.labels)} has fewer than two "
                        "tags; tagging needs at least 'O' and one entity tag.")
