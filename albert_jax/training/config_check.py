@@ -255,7 +255,10 @@ def check(config: Mapping[str, Any],
   best = _best_metric_problem(config) if not found else None
   if best:
     found.append(best)
-  if not found and _get(config, "data.pack")[1]:
+  # A pre-training run's packing; a fine-tune's is its task's to allow
+  # (albert_jax.finetune.spec.pack_for).
+  if (not found and _get(config, "data.pack")[1]
+      and _get(config, "job")[1] != "finetune"):
     try:
       run_spec.check_pack(config)
     except ValueError as e:
