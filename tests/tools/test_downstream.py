@@ -246,7 +246,8 @@ def test_bad_input_is_one_error_line(env, capsys, monkeypatch):
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
   for argv, message in (
       (_argv(env, "--suite=mrcp"), "error: unknown task 'mrcp' in --suite "
-       "(did you mean 'mrpc'?); give a suite (glue, squad, race) or task names "
+       "(did you mean 'mrpc'?); give a suite (glue, squad, race, bundled) or "
+       "task names "
        "from cola, "),
       (_argv(env, "--seeds=0"), "error: --seeds=0; give 1 or more, e.g. "
        "--seeds=5"),
