@@ -11,8 +11,8 @@ from typing import Any
 
 from albert_jax import storage
 from albert_jax.finetune import registry
-from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune.run import run
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.text import run_tokenizer
 from albert_jax.training import config_check
 from albert_jax.training import defaults

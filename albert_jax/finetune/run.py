@@ -34,10 +34,10 @@ from albert_jax import storage
 from albert_jax.finetune import batching
 from albert_jax.finetune import data_files
 from albert_jax.finetune import packing
-from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune import registry
 from albert_jax.finetune import spec as spec_lib
 from albert_jax.finetune import starting_point as start_lib
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.finetune.task import TaskObjective

@@ -49,7 +49,7 @@ MOCK_MAIN = textwrap.dedent("""\
     # albert_jax.main on TFDS's mock data.
     import os, sys
     sys.path[:0] = [os.environ["MOCK_TESTS_DIR"],  # and tests/, for locations
-                    os.path.dirname(os.environ["MOCK_TESTS_DIR"])]
+                    os.environ["TESTS_DIR"]]
     import tensorflow_datasets as tfds
     from albert_jax import main
     if any(a.endswith("race.py:subset=all") for a in sys.argv):
@@ -101,7 +101,8 @@ def run_real(model, root, suite, seeds, parallel, extra=()):
        *extra],
       cwd=REPO, capture_output=True, text=True, check=False,
       env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
-           "MOCK_TESTS_DIR": str(REPO / "tests" / "finetune")})
+           "MOCK_TESTS_DIR": str(TESTS / "finetune" / "tasks"),
+           "TESTS_DIR": str(TESTS)})
 
 
 def run_here(model, root, names, extra=()):
@@ -112,8 +113,8 @@ def run_here(model, root, names, extra=()):
   calls, on the mock data MOCK_MAIN serves; each workdir gets the sweep's
   record of its arguments, which the command compares with its own."""
   tfds = pytest.importorskip("tensorflow_datasets")
-  if str(TESTS / "finetune") not in sys.path:  # as MOCK_MAIN does
-    sys.path.insert(0, str(TESTS / "finetune"))
+  if str(TESTS / "finetune" / "tasks") not in sys.path:  # as MOCK_MAIN does
+    sys.path.insert(0, str(TESTS / "finetune" / "tasks"))
   import test_finetune_race  # pylint: disable=g-import-not-at-top
   planned = downstream.trials(model, names, 1, "paper")
   for name, (config, trial) in planned.items():

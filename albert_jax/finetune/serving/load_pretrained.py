@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.finetune import registry
+from albert_jax.finetune.serving import fine_tuned as predict_lib
 from albert_jax.interop import CheckpointError
 from albert_jax.interop import hf_task_heads
 from albert_jax.interop import pretrained as pretrained_lib

@@ -123,6 +123,7 @@ def _progress(enabled: bool, what: str):
 def main(argv: Sequence[str] | None = None) -> int:
   """`python -m albert_jax.predict --model=DIR --input=FILE --output=FILE`."""
   import argparse  # pylint: disable=g-import-not-at-top
+
   import jax  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(
       prog="python -m albert_jax.predict",

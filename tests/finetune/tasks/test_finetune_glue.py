@@ -380,3 +380,15 @@ def test_submission_files(tok, tmp_path):
   assert _read(tmp_path / "validation_matched_predictions.tsv") == (
       "idx\tprediction\tlabel\n0\tentailment\tentailment\n"
       "1\tentailment\tcontradiction\n")
+
+
+def test_tfds_settings_are_read_once_with_their_defaults(tmp_path):
+  """Every TFDS task reads data.tfds_data_dir and data.tfds_download the same
+  way (finetune/tfds_source.py): defaults None and True, a path kept as
+  given (local or gs://), download as a bool."""
+  from albert_jax.finetune.tfds_source import TfdsSource  # pylint: disable=g-import-not-at-top
+  assert TfdsSource.from_data({}) == TfdsSource(None, True)
+  given = {"tfds_data_dir": str(tmp_path), "tfds_download": 0}
+  assert TfdsSource.from_data(given) == TfdsSource(str(tmp_path), False)
+  assert TfdsSource.from_data(
+      {"tfds_data_dir": "gs://b/tfds"}).data_dir == "gs://b/tfds"

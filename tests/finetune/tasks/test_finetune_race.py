@@ -13,6 +13,7 @@ from albert_jax.finetune.tasks.multiple_choice import choices
 from albert_jax.finetune.tasks.multiple_choice import race
 from albert_jax.finetune import task as task_lib
 from albert_jax.model.config import ModelConfig
+from albert_jax.finetune.tfds_source import TfdsSource
 
 tfds = pytest.importorskip("tensorflow_datasets")
 tf = pytest.importorskip("tensorflow")
@@ -84,7 +85,7 @@ def test_the_race_config_makes_the_task(subset):
   task = race.make_task(data.task, data)
   assert task.name == f"race/{subset}"
   assert task.levels == (("middle", "high") if subset == "all" else (subset,))
-  assert (task.max_qa_length, task.data_dir) == (128, None)
+  assert (task.max_qa_length, task.source) == (128, TfdsSource(None, True))
 
 
 def test_qa_text():

@@ -29,6 +29,7 @@ from albert_jax.text.preprocess import preprocess_text
 from albert_jax.text.preprocess import preprocess_with_alignment
 from albert_jax.text.preprocess import SPIECE_UNDERLINE
 from albert_jax.text.tokenizer import Tokenizer
+from albert_jax.finetune.tfds_source import TfdsSource
 
 tfds = pytest.importorskip("tensorflow_datasets")
 tf = pytest.importorskip("tensorflow")
@@ -239,7 +240,8 @@ def test_the_squad_config_makes_the_official_task(version):
   assert task.name == f"squad/v{version}"
   assert task.head_kind == ("official" if version == "2.0" else "span")
   assert (task.doc_stride, task.max_query_length, task.n_best_size,
-          task.max_answer_length, task.data_dir) == (128, 64, 20, 30, None)
+          task.max_answer_length, task.source) == (
+              128, 64, 20, 30, TfdsSource(None, True))
 
 
 def test_the_squad_config_refuses_an_unknown_version():

@@ -60,8 +60,6 @@ import numpy as np
 
 from albert_jax import hints
 from albert_jax import storage
-from albert_jax.finetune.tasks.classification import single_label
-from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
 from albert_jax.finetune import tabular
 from albert_jax.finetune import task as task_lib
 from albert_jax.finetune.tabular import column
@@ -70,6 +68,8 @@ from albert_jax.finetune.tabular import label_key
 from albert_jax.finetune.tabular import read_table
 from albert_jax.finetune.tabular import sorted_labels
 from albert_jax.finetune.tabular import Table
+from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
+from albert_jax.finetune.tasks.classification import single_label
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,10 @@ from typing import Optional
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune.tasks.classification import single_label
-from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
 from albert_jax.finetune import task as task_lib
+from albert_jax.finetune.tasks.classification import official_metrics as task_metrics
+from albert_jax.finetune.tasks.classification import single_label
+from albert_jax.finetune.tfds_source import TfdsSource
 
 _NLI3 = ("entailment", "neutral", "contradiction")
 _NLI2 = ("entailment", "not_entailment")
@@ -128,9 +129,7 @@ class GlueTask(single_label.SingleLabelTask):
     self.num_labels, self.regression = len(spec.label_names), spec.regression
     self.eval_splits = spec.eval_splits
     self.predict_splits = tuple(predict_splits)
-    data_dir = data.get("tfds_data_dir", None)
-    self._data_dir = storage.as_str(data_dir) if data_dir else None
-    self._download = bool(data.get("tfds_download", True))
+    self.source = TfdsSource.from_data(data)
 
   @property
   def splits(self) -> tuple[str, ...]:
@@ -166,13 +165,9 @@ class GlueTask(single_label.SingleLabelTask):
 
   def _read(self, tfds_name: str, tfds_split: str) -> dict[str, np.ndarray]:
     """The split's columns (texts as bytes, "label", "idx") as arrays."""
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    builder = tfds.builder(tfds_name, data_dir=self._data_dir)
-    self._check_label_names(tfds_name, builder.info.features["label"])
-    if self._download:
-      builder.download_and_prepare()
-    ds = builder.as_dataset(split=tfds_split, shuffle_files=False)
-    chunks = list(tfds.as_numpy(ds.batch(4096)))
+    chunks = list(self.source.examples(
+        tfds_name, tfds_split, batch=4096, check=lambda info:
+        self._check_label_names(tfds_name, info.features["label"])))
     keys = ("idx", "label") + self.spec.texts
     return {k: np.concatenate([c[k] for c in chunks]) if chunks else
             np.zeros((0,)) for k in keys}

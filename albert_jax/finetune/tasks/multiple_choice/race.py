@@ -28,8 +28,9 @@ import re
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.finetune.tasks.multiple_choice import choices
 from albert_jax.finetune.task import Split
+from albert_jax.finetune.tasks.multiple_choice import choices
+from albert_jax.finetune.tfds_source import TfdsSource
 
 TASKS = ("race/high", "race/middle", "race/all")
 LETTERS = "ABCD"
@@ -47,9 +48,8 @@ def _as_list(value) -> list:
   return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
-def read_tfds(level: str, split: str, data_dir=None,
-              download: bool = True) -> list[dict]:
-  """One record per question of TFDS `race/{level}`.
+def read_tfds(level: str, split: str, source: TfdsSource) -> list[dict]:
+  """One record per question of TFDS `race/{level}`, read from `source`.
 
   Records: "id" (`{example_id}-{question index}`), "level", "article",
   "question", "options" (4 strings) and "label" (0-3).
@@ -58,13 +58,8 @@ def read_tfds(level: str, split: str, data_dir=None,
     ValueError: a question without exactly 4 options or with an answer that
       is not one of A-D (names the example).
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder(f"race/{level}", data_dir=data_dir)
-  if download:
-    builder.download_and_prepare()
-  ds = builder.as_dataset(split=split, shuffle_files=False)
   out = []
-  for ex in tfds.as_numpy(ds):
+  for ex in source.examples(f"race/{level}", split):
     example_id = _text(ex["example_id"])
     questions = [_text(q) for q in _as_list(ex["questions"])]
     answers = [_text(a) for a in _as_list(ex["answers"])]
@@ -100,9 +95,7 @@ class RaceTask(choices.MultipleChoiceTask):
     self.name = name
     self.levels = (("middle", "high") if name == "race/all" else
                    (name.split("/")[1],))
-    data_dir = data.get("tfds_data_dir", None)
-    self.data_dir = storage.as_str(data_dir) if data_dir else None
-    self.download = bool(data.get("tfds_download", True))
+    self.source = TfdsSource.from_data(data)
     self.max_qa_length = data.get("max_qa_length", 128)
     if not isinstance(self.max_qa_length, int) or self.max_qa_length < 1:
       raise ValueError("data.max_qa_length must be a positive integer, got "
@@ -110,7 +103,7 @@ class RaceTask(choices.MultipleChoiceTask):
 
   def load(self, split: str, tokenizer, max_seq_length: int) -> Split:
     records = [r for level in self.levels
-               for r in read_tfds(level, split, self.data_dir, self.download)]
+               for r in read_tfds(level, split, self.source)]
     if not records:
       raise ValueError(f"TFDS {self.name} split {split!r} is empty.")
     features = choices.featurize(records, tokenizer,

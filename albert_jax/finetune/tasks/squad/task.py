@@ -42,11 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
+from albert_jax.finetune.task import Split
+from albert_jax.finetune.task import Task
 from albert_jax.finetune.tasks.squad import evaluate as squad_eval
 from albert_jax.finetune.tasks.squad import head as squad_head
 from albert_jax.finetune.tasks.squad import official
-from albert_jax.finetune.task import Split
-from albert_jax.finetune.task import Task
+from albert_jax.finetune.tfds_source import TfdsSource
 
 TASKS = ("squad/v1.1", "squad/v2.0")
 V2_HEADS = ("official", "simple")
@@ -56,17 +57,11 @@ def _text(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def read_tfds(name: str, split: str, data_dir=None,
-              download: bool = True) -> list[dict]:
-  """SQuAD records from TFDS: id, context, question, answers, answer_starts
-  and is_impossible (always False for v1.1)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder(name, data_dir=data_dir)
-  if download:
-    builder.download_and_prepare()
-  ds = builder.as_dataset(split=split, shuffle_files=False)
+def read_tfds(name: str, split: str, source: TfdsSource) -> list[dict]:
+  """SQuAD records from TFDS `source`: id, context, question, answers,
+  answer_starts and is_impossible (always False for v1.1)."""
   out = []
-  for ex in tfds.as_numpy(ds):
+  for ex in source.examples(name, split):
     answers = ex["answers"]
     out.append({
         "id": _text(ex["id"]), "context": _text(ex["context"]),
@@ -246,9 +241,7 @@ class SquadTask(Task):
     self.name = name
     self.version_2 = name == "squad/v2.0"
     get = data.get
-    data_dir = get("tfds_data_dir", None)
-    self.data_dir = storage.as_str(data_dir) if data_dir else None
-    self.download = bool(get("tfds_download", True))
+    self.source = TfdsSource.from_data(data)
     self.doc_stride = get("doc_stride", 128)
     self.max_query_length = get("max_query_length", 64)
     self.n_best_size = get("n_best_size", 20)
@@ -269,7 +262,7 @@ class SquadTask(Task):
     self.null_threshold = None
 
   def load(self, split: str, tokenizer, max_seq_length: int) -> Split:
-    records = read_tfds(self.name, split, self.data_dir, self.download)
+    records = read_tfds(self.name, split, self.source)
     if not records:
       raise ValueError(f"TFDS {self.name} split {split!r} is empty.")
     features, examples, misplaced = featurize(

@@ -15,10 +15,10 @@ import flax.linen as nn
 import numpy as np
 
 from albert_jax.finetune import task_type as task_type_lib
+from albert_jax.finetune.task_type import PredictError
 from albert_jax.finetune.tasks.squad import evaluate as squad_eval
 from albert_jax.finetune.tasks.squad import head as squad_head
 from albert_jax.finetune.tasks.squad import task as squad_task
-from albert_jax.finetune.task_type import PredictError
 from albert_jax.model.config import ModelConfig
 
 

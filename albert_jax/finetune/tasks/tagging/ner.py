@@ -42,13 +42,14 @@ import numpy as np
 import optax
 
 from albert_jax import storage
-from albert_jax.finetune.tasks.tagging import conlleval
 from albert_jax.finetune import packing
 from albert_jax.finetune import tabular
 from albert_jax.finetune import task_type as task_type_lib
 from albert_jax.finetune.task import Split
 from albert_jax.finetune.task import Task
 from albert_jax.finetune.task_type import PredictError
+from albert_jax.finetune.tasks.tagging import conlleval
+from albert_jax.finetune.tfds_source import TfdsSource
 from albert_jax.model import layers
 from albert_jax.model.config import ModelConfig
 
@@ -135,29 +136,22 @@ def check_iob(tags: Sequence[str], what: str) -> None:
       f"them, e.g. write {fix}.")
 
 
-def tfds_tag_names(data_dir=None) -> tuple[str, ...]:
-  """The tag names of TFDS `conll2003`, from its builder's description: no
-  data is read or downloaded (`--compile_only` builds the head from them)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder("conll2003", data_dir=data_dir)
-  return tuple(builder.info.features["ner"].feature.names)
-
-
-def read_tfds(split: str, data_dir=None, download: bool = True
-              ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
-  """(words, tags, tag names) of TFDS `conll2003` split `split`."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder("conll2003", data_dir=data_dir)
-  names = tuple(builder.info.features["ner"].feature.names)
-  if download:
-    builder.download_and_prepare()
+def read_tfds(split: str, source: TfdsSource
+              ) -> tuple[list[list[str]], list[list[str]]]:
+  """(words, tags) of TFDS `conll2003` split `split`, read from `source`."""
+  names = tag_names(source)
   words, tags = [], []
-  for ex in tfds.as_numpy(builder.as_dataset(split=split,
-                                             shuffle_files=False)):
+  for ex in source.examples("conll2003", split):
     words.append([w.decode("utf-8") if isinstance(w, bytes) else str(w)
                   for w in ex["tokens"]])
     tags.append([names[int(t)] for t in ex["ner"]])
-  return words, tags, names
+  return words, tags
+
+
+def tag_names(source: TfdsSource) -> tuple[str, ...]:
+  """The tag names of TFDS `conll2003`, from its builder's description: no
+  data is read or downloaded (`--compile_only` builds the head from them)."""
+  return tuple(source.builder("conll2003").info.features["ner"].feature.names)
 
 
 def encode_words(tokenizer, sentences: Sequence[Sequence[str]],
@@ -283,12 +277,10 @@ class TaggingTask(Task):
                            f"not in the tag set {list(self.labels)}; list "
                            "every tag in data.labels.")
     else:
-      data_dir = data.get("tfds_data_dir", None)
-      self._data_dir = storage.as_str(data_dir) if data_dir else None
-      self._download = bool(data.get("tfds_download", True))
+      self._source = TfdsSource.from_data(data)
       self.eval_splits = ("validation",)
       self.predict_splits = ("validation", "test")
-      self.labels = tfds_tag_names(self._data_dir)
+      self.labels = tag_names(self._source)
     if self.labels is not None and len(self.labels) < 2:
       raise ValueError(f"The tag set {list(self.labels)} has fewer than two "
                        "tags; tagging needs at least 'O' and one entity tag.")
@@ -299,9 +291,7 @@ class TaggingTask(Task):
         raise ValueError(f"ner/files has no split {split!r}; choose one of "
                          f"{tuple(self._read)}.")
       return self._read[split]
-    words, tags, names = read_tfds(split, self._data_dir, self._download)
-    self.labels = names
-    return words, tags
+    return read_tfds(split, self._source)
 
   def load(self, split: str, tokenizer, max_seq_length: int) -> Split:
     words, tags = self._sentences(split)
