@@ -356,6 +356,32 @@ def test_a_damaged_shard_names_the_file_and_the_fix(data_dir, vocab, tmp_path):
   assert "\n" not in message
 
 
+# What ArrayRecord's reader (array_record 0.8.6) raised for a gs:// shard
+# once the client inside it gave up on a refused port: after 901.6 s of
+# its own retries, which the suite cannot wait for.
+_GAVE_UP = ("Retry policy exhausted, with a last message of PerformWork() - "
+            "CURL error [7]=Couldn't connect to server; reading "
+            "gs://b/d/train-00000-00001.arrayrecord; at byte 0")
+
+
+def test_a_shard_read_cloud_storage_gave_up_on_is_an_outage():
+  """Named as Cloud Storage's failure with the shard and "run again", not
+  as damage ("prepare the data again"); the same text for local files,
+  and a corrupt shard's error, are left to the damage check."""
+  files = [f"gs://b/d/train-00000-0000{i}.arrayrecord" for i in range(2)]
+  message = loader_lib._unserved(files, RuntimeError(_GAVE_UP))  # pylint: disable=protected-access
+  assert message.startswith(
+      f"Reading prepared data from {files[1]} failed: Cloud Storage did not "
+      "answer ArrayRecord's reader, which gave up after its own retries "
+      f"({_GAVE_UP}). The shard is not known to be damaged."), message
+  assert f"(gcloud storage ls {files[1]}), then run again" in message
+  assert "Prepare the data again" not in message
+  local = [f.replace("gs://b", "/data") for f in files]
+  assert loader_lib._unserved(local, RuntimeError(_GAVE_UP)) is None  # pylint: disable=protected-access
+  assert loader_lib._unserved(  # pylint: disable=protected-access
+      files, RuntimeError("chunk header hash mismatch")) is None
+
+
 @pytest.fixture(scope="module")
 def packed_dir(tok, tmp_path_factory):
   """Short documents (three sentences of at most five words), so most
