@@ -199,7 +199,7 @@ def _bucket_of(files: list[str]) -> str:
   return "gs://" + remote[len("gs://"):].split("/", 1)[0]
 
 
-def _unserved(files: list[str], error: Exception) -> str | None:
+def unserved(files: list[str], error: Exception) -> str | None:
   """The message for a failed read of `files` that Cloud Storage caused
   (the client in ArrayRecord's reader gave up, or was refused), else None.
   Decided from the error alone: each record read again could take the
@@ -285,9 +285,9 @@ class Loader:
     try:  # opens every shard, to count its records
       self._source = grain.sources.ArrayRecordDataSource(self.files)
     except Exception as e:  # pylint: disable=broad-except
-      unserved = _unserved(self.files, e)
-      if unserved:
-        raise ShardReadError(unserved) from e
+      message = unserved(self.files, e)
+      if message:
+        raise ShardReadError(message) from e
       raise
     self.num_records = len(self._source)
     counts = self.metadata["splits"][split]
@@ -362,9 +362,9 @@ class Loader:
     try:
       raw = self._source.__getitems__(records.tolist())
     except Exception as e:  # pylint: disable=broad-except
-      unserved = _unserved(self.files, e)
-      if unserved:
-        raise ShardReadError(unserved) from e
+      message = unserved(self.files, e)
+      if message:
+        raise ShardReadError(message) from e
       raise DamagedShardError(self._damaged(records.tolist(), e)) from e
     if self.max_per_row:
       return self._packed_batch(records, epochs, raw)

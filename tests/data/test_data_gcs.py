@@ -19,6 +19,7 @@ from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import pipeline
 from albert_jax.data import prepare
+from albert_jax.data import units
 from albert_jax.training import defaults
 
 SEQ = 32
@@ -221,6 +222,14 @@ def test_a_shard_cloud_storage_does_not_serve_is_not_called_damaged(
       _loader(root, tiny_tokenizer, "train")  # opens each shard to count
     assert str(e.value).startswith(f"Reading prepared data from {root}/"
                                    "train-"), str(e.value)
+    # A prepare rerun's check of a finished shard: the same error, not a
+    # raw RuntimeError (nor a unit prepared again for an outage).
+    shard = storage.path(f"{root}/train-00000-00000.arrayrecord")
+    with pytest.raises(loader_lib.ShardReadError) as e:
+      units._shard_problem(shard, {"bytes": shard.stat().length,  # pylint: disable=protected-access
+                                   "instances": 1})
+    assert str(e.value).startswith(f"Reading prepared data from {shard} "
+                                   "failed: Cloud Storage refused"), str(e.value)
   finally:
     server.shutdown()
     server.server_close()

@@ -95,7 +95,7 @@ def test_shapes_and_dtypes(data_dir, vocab):
 
 def test_masking_invariants(data_dir, vocab, tok):
   loader = _loader(data_dir, vocab)
-  raw = loader._source  # pylint: disable=protected-access
+  raw = loader._source
   masked_tokens = replaced_by_mask = 0
   for step in range(4):
     batch = loader.batch(step)
@@ -369,7 +369,7 @@ def test_a_shard_read_cloud_storage_gave_up_on_is_an_outage():
   as damage ("prepare the data again"); the same text for local files,
   and a corrupt shard's error, are left to the damage check."""
   files = [f"gs://b/d/train-00000-0000{i}.arrayrecord" for i in range(2)]
-  message = loader_lib._unserved(files, RuntimeError(_GAVE_UP))  # pylint: disable=protected-access
+  message = loader_lib.unserved(files, RuntimeError(_GAVE_UP))
   assert message.startswith(
       f"Reading prepared data from {files[1]} failed: Cloud Storage did not "
       "answer ArrayRecord's reader, which gave up after its own retries "
@@ -377,8 +377,8 @@ def test_a_shard_read_cloud_storage_gave_up_on_is_an_outage():
   assert f"(gcloud storage ls {files[1]}), then run again" in message
   assert "Prepare the data again" not in message
   local = [f.replace("gs://b", "/data") for f in files]
-  assert loader_lib._unserved(local, RuntimeError(_GAVE_UP)) is None  # pylint: disable=protected-access
-  assert loader_lib._unserved(  # pylint: disable=protected-access
+  assert loader_lib.unserved(local, RuntimeError(_GAVE_UP)) is None
+  assert loader_lib.unserved(
       files, RuntimeError("chunk header hash mismatch")) is None
 
 
@@ -416,7 +416,7 @@ def test_packed_rows_keep_each_instance_whole(packed_dir, vocab, tok):
     records, _ = packed.record_indices(step)
     for row, index in enumerate(records):
       row_instances = inst_lib.from_bytes_packed(
-          packed._source[int(index)])  # pylint: disable=protected-access
+          packed._source[int(index)])
       w = batch["masked_weights"][row] > 0
       pos = batch["masked_positions"][row][w]
       assert np.all(np.diff(pos) > 0)
