@@ -88,7 +88,8 @@ class Policy:
       failed (and is retried): a server that accepts a connection and never
       answers would otherwise hold each try for aiohttp's own 5 minutes,
       past the deadline. Generous, as one request can carry a 50 MB
-      chunk of an upload.
+      chunk of an upload. Set in the environment, it also bounds
+      tensorstore's requests (`storage.bound_tensorstore_tries`).
   """
   deadline: float = 180.0
   initial: float = 1.0

@@ -25,9 +25,14 @@ storage outage shorter than that: epath's requests through gcsfs
 (`retry.RetryingGCSFileSystem`, registered for gs:// here), `write_atomic`'s whole
 upload, `create_if_absent`'s request, and tensorstore's (orbax's arrays),
 whose own retries `training.checkpoints` raises to cover the deadline
-(`raise_tensorstore_retries`). ArrayRecord's reader (prepared shards)
-retries in its own client (google-cloud-cpp), which rode out a 60 s outage
-on the emulator.
+(`raise_tensorstore_retries`). A server that accepts a request and never
+answers costs a try: gcsfs's requests time out after
+`ALBERT_JAX_STORAGE_TRY_TIMEOUT`, tensorstore's after its own 60 s of
+silence, or that setting where the user gave it (`bound_tensorstore_tries`).
+ArrayRecord's reader (prepared shards) retries in its own client
+(google-cloud-cpp), which rode out a 60 s outage on the emulator; its
+settings (a 120 s stall timeout, 15 minutes of retries) are not reachable
+from Python.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import glob as glob_lib
 import json
+import math
 import os
 import re
 from typing import BinaryIO, Iterator
@@ -58,6 +64,7 @@ def use_emulator_from_env() -> None:
   (`retry.RetryingGCSFileSystem`). Settings the user made are kept.
   """
   os.environ.setdefault("EPATH_USE_TF", "false")
+  bound_tensorstore_tries()
   import fsspec  # pylint: disable=g-import-not-at-top
   fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache",
                                                      False)
@@ -79,6 +86,34 @@ def use_emulator_from_env() -> None:
   # gcsfs asks the bucket's layout from the storage control API, which no
   # emulator serves; it would warn on every call and then fall back anyway.
   os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+# Tensorstore's HTTP client (libcurl) abandons a request that moves fewer
+# than TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES (256) bytes a second for
+# TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS (60), and retries it like any
+# transient failure: a server that accepts a connection and never answers
+# costs a try, not the save. Both are read once per process, when the first
+# request is made.
+TENSORSTORE_TRY_TIMEOUT = "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS"
+
+
+def bound_tensorstore_tries() -> None:
+  """Makes `ALBERT_JAX_STORAGE_TRY_TIMEOUT`, where the user set it, also the
+  time a tensorstore request (orbax's arrays) may go unanswered before it is
+  retried, so one setting bounds a hung request in gcsfs and tensorstore
+  alike. Unset, tensorstore keeps its own 60 s (under gcsfs's 120 s); a
+  `TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS` the user set is kept.
+  Tensorstore counts whole seconds, so a fraction is rounded up.
+  """
+  text = os.environ.get(retry.ENV_TRY_TIMEOUT, "").strip()
+  if not text:
+    return
+  try:
+    seconds = float(text)
+  except ValueError:
+    return  # `retry.Policy.from_env` names it at the first request
+  if seconds > 0 and math.isfinite(seconds):
+    os.environ.setdefault(TENSORSTORE_TRY_TIMEOUT, str(math.ceil(seconds)))
 
 
 def raise_tensorstore_retries() -> None:

@@ -4,10 +4,15 @@ on the same port a second later, while each call waits. Retry settings are
 scaled down (waits of 0.1 to 0.5 s) so a test takes seconds; the schedule
 itself is `test_retry.py`'s."""
 
+import contextlib
 import json
 import logging
 import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -284,3 +289,173 @@ def test_the_lease_reads_an_outage_as_an_outage(tmp_path, monkeypatch,
   assert not taken.is_set()
   assert caplog.text.count(f"The heartbeat of the lease on {tmp_path} was "
                            "not written") == 2
+
+
+def test_bound_tensorstore_tries_follows_the_try_timeout_the_user_set(
+    monkeypatch):
+  monkeypatch.delenv(storage.TENSORSTORE_TRY_TIMEOUT, raising=False)
+  monkeypatch.delenv(retry.ENV_TRY_TIMEOUT, raising=False)
+  storage.bound_tensorstore_tries()
+  assert storage.TENSORSTORE_TRY_TIMEOUT not in os.environ  # its own 60 s
+  for text in ("soon", "0", "-3", "inf"):
+    monkeypatch.setenv(retry.ENV_TRY_TIMEOUT, text)
+    storage.bound_tensorstore_tries()
+    assert storage.TENSORSTORE_TRY_TIMEOUT not in os.environ, text
+  monkeypatch.setenv(retry.ENV_TRY_TIMEOUT, "0.3")
+  storage.bound_tensorstore_tries()
+  assert os.environ[storage.TENSORSTORE_TRY_TIMEOUT] == "1"
+  monkeypatch.setenv(retry.ENV_TRY_TIMEOUT, "90")
+  storage.bound_tensorstore_tries()  # the value there is kept
+  assert os.environ[storage.TENSORSTORE_TRY_TIMEOUT] == "1"
+
+
+class _Proxy:
+  """An HTTP/1.1 relay on 127.0.0.1 to the emulator that takes tensorstore's
+  first read (GET) and first upload (POST) and never answers them, nor
+  passes them on: a server that hangs, for those two requests. Every other
+  request is relayed both ways. Tensorstore's connections are relayed
+  request by request (its requests carry a Content-Length), so a request
+  on a reused connection can be held too; other clients' are relayed as
+  bytes."""
+
+  def __init__(self, upstream_port: int):
+    self.upstream_port = upstream_port
+    self.server = socket.create_server(("127.0.0.1", 0))
+    self.server.settimeout(0.1)
+    self.port = self.server.getsockname()[1]
+    self.hung: list[tuple[bytes, tuple]] = []
+    self.relayed = 0
+    self.lock = threading.Lock()
+    self.stop = threading.Event()
+    self.thread = threading.Thread(target=self._accept, daemon=True)
+    self.thread.start()
+
+  def _accept(self):
+    while not self.stop.is_set():
+      try:
+        client, _ = self.server.accept()
+      except OSError:
+        continue
+      threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+  def _serve(self, client):
+    upstream, data = None, b""
+    try:
+      while True:
+        while b"\r\n\r\n" not in data:  # a request's head
+          chunk = client.recv(65536)
+          if not chunk:
+            return
+          data += chunk
+        head, data = data.split(b"\r\n\r\n", 1)
+        method = head.split(b" ", 1)[0]
+        tensorstore = re.search(rb"(?im)^user-agent:.*tensorstore", head)
+        with self.lock:
+          hold = tensorstore and method not in [m for m, _ in self.hung]
+          if hold:
+            # Held open, never answered; the connection to the emulator
+            # (where one was made) stays open too, so nothing closes it.
+            self.hung.append((method, (client, upstream)))
+        if hold:
+          client = upstream = None
+          return
+        if upstream is None:
+          upstream = socket.create_connection(
+              ("127.0.0.1", self.upstream_port))
+          threading.Thread(target=self._pipe, args=(upstream, client),
+                           daemon=True).start()
+        self.relayed += 1
+        upstream.sendall(head + b"\r\n\r\n")
+        if not tensorstore:
+          upstream.sendall(data)
+          self._pipe(client, upstream)
+          return
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        left = int(length.group(1)) if length else 0
+        while len(data) < left:
+          chunk = client.recv(65536)
+          if not chunk:
+            return
+          data += chunk
+        upstream.sendall(data[:left])
+        data = data[left:]
+    except OSError:
+      pass
+    finally:
+      for s in (client, upstream):
+        if s is not None:
+          with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+
+  @staticmethod
+  def _pipe(source, sink):
+    try:
+      while chunk := source.recv(65536):
+        sink.sendall(chunk)
+    except OSError:
+      pass
+    finally:
+      for s in (source, sink):
+        with contextlib.suppress(OSError):
+          s.shutdown(socket.SHUT_RDWR)
+
+  def close(self):
+    self.stop.set()
+    self.thread.join()
+    self.server.close()
+    for _, held in self.hung:
+      for s in held:
+        if s is not None:
+          s.close()
+
+
+# Saves step 1 of a small state into the bucket through the project's
+# checkpoint manager (orbax: metadata through gcsfs, arrays through
+# tensorstore), then restores it; prints the save's seconds.
+_SAVE = """
+import json, sys, time
+import jax
+import jax.numpy as jnp
+from albert_jax.training import checkpoints
+state = {"step": jnp.int32(1), "params": {"w": jnp.arange(6.0).reshape(2, 3)}}
+mngr = checkpoints.manager(sys.argv[1])
+start = time.monotonic()
+checkpoints.save(mngr, state, {"step": 1})
+mngr.wait_until_finished()
+took = time.monotonic() - start
+one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+back = checkpoints.restore_latest(
+    checkpoints.manager(sys.argv[1]), state, jax.tree.map(lambda _: one, state))
+print(json.dumps({"took": took, "w": back[0]["params"]["w"].tolist()}))
+"""
+
+
+def test_a_checkpoint_save_rides_out_a_tensorstore_request_never_answered(
+    gcs, tmp_path):
+  """The server accepts tensorstore's first read and first upload and
+  never answers them. With ALBERT_JAX_STORAGE_TRY_TIMEOUT=1, tensorstore
+  (orbax's arrays) abandons each after a second of silence and retries
+  it, so the save finishes in seconds and restores; before the setting
+  reached tensorstore, each waited tensorstore's own 60 s (measured: the
+  save took 60.6 s). A fresh process: tensorstore reads the setting once
+  per process."""
+  bucket = gcs.bucket()
+  proxy = _Proxy(gcs.port)
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("TENSORSTORE_", "CLOUD_STORAGE_"))}
+  env.update({storage.EMULATOR: f"http://127.0.0.1:{proxy.port}",
+              retry.ENV_TRY_TIMEOUT: "1", retry.ENV_DEADLINE: "30",
+              retry.ENV_INITIAL: "0.1", retry.ENV_MAXIMUM: "0.5",
+              "JAX_PLATFORMS": "cpu"})
+  try:
+    done = subprocess.run([sys.executable, "-c", _SAVE, f"{bucket}/run"],
+                          env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  finally:
+    proxy.close()
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = json.loads(done.stdout.strip().splitlines()[-1])
+  assert sorted(m for m, _ in proxy.hung) == [b"GET", b"POST"]
+  assert proxy.relayed > 0
+  assert out["w"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+  assert 1 <= out["took"] < 30, out

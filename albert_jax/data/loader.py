@@ -18,6 +18,14 @@ read per record. That client takes an emulator from
 `CLOUD_STORAGE_EMULATOR_ENDPOINT`, which `albert_jax.storage` maps
 `STORAGE_EMULATOR_HOST` onto. It reports a missing object as an empty file, so every listed shard is
 checked to exist and the record count against `dataset.json` first.
+
+That client keeps its own retries, which Python cannot set (array_record
+builds it with google-cloud-cpp's defaults: a request silent for 120 s is
+retried, for up to 15 minutes, with waits of 1 s to 5 minutes). When it
+gives up, or is refused, the shard is not damaged: that is
+`ShardReadError`, which names the shard and says to run again, where a
+damaged shard says to prepare the data again. So is a shard it cannot
+open when the loader counts the records (that was a raw RuntimeError).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import os
+import re
 from typing import Any, Iterator
 
 import numpy as np
@@ -168,6 +177,52 @@ class DamagedShardError(ValueError):
   """A prepared shard that cannot be read back (truncated or corrupted)."""
 
 
+class ShardReadError(OSError):
+  """A `gs://` shard that Cloud Storage did not serve to ArrayRecord's
+  reader (an outage longer than the reader's own retries, or a refusal):
+  the data is not known to be damaged."""
+
+
+# google-cloud-cpp's words, in the error riegeli's GcsReader passes on, when
+# the client inside ArrayRecord's reader gives up on a request: after its
+# retries of transient failures, or at once on a permanent one (401, 403,
+# 404).
+_GCS_GAVE_UP = re.compile(r"Retry policy exhausted|Permanent error")
+_GCS_RETRIES = ("ArrayRecord's reader retries in its own client "
+                "(google-cloud-cpp: a request silent for 120 s is retried, "
+                "for up to 15 minutes), which albert_jax cannot set")
+
+
+def _bucket_of(files: list[str]) -> str:
+  """`gs://BUCKET` of the first remote shard."""
+  remote = next(f for f in files if storage.is_remote(f))
+  return "gs://" + remote[len("gs://"):].split("/", 1)[0]
+
+
+def unserved(files: list[str], error: Exception) -> str | None:
+  """The message for a failed read of `files` that Cloud Storage caused
+  (the client in ArrayRecord's reader gave up, or was refused), else None.
+  Decided from the error alone: each record read again could take the
+  reader's 15 minutes of retries."""
+  text = str(error).strip()
+  if not (_GCS_GAVE_UP.search(text)
+          and any(storage.is_remote(f) for f in files)):
+    return None
+  found = re.search(r"reading (gs://\S+?);", text)
+  shard = found.group(1) if found else _bucket_of(files)
+  brief = text.splitlines()[0][:300]
+  if text.startswith("Retry policy exhausted"):
+    what = ("Cloud Storage did not answer ArrayRecord's reader, which gave "
+            "up after its own retries")
+  else:
+    what = "Cloud Storage refused ArrayRecord's reader"
+  return (f"Reading prepared data from {shard} failed: {what} ({brief}). "
+          "The shard is not known to be damaged. Check the network, the "
+          "bucket's permissions and that the shard is there (gcloud storage "
+          f"ls {shard}), then run again (a training run resumes from its "
+          f"last checkpoint). {_GCS_RETRIES}.")
+
+
 _DAMAGED_FIX = ("Prepare the data again (python -m albert_jax.data.prepare) "
                 "into a new --output_dir, or restore the file from a copy.")
 
@@ -227,7 +282,13 @@ class Loader:
           f" but this tokenizer has {vocab.size}; prepare the data with the "
           "tokenizer you train with.")
     self.files = record_files(data_dir, self.metadata, split)
-    self._source = grain.sources.ArrayRecordDataSource(self.files)
+    try:  # opens every shard, to count its records
+      self._source = grain.sources.ArrayRecordDataSource(self.files)
+    except Exception as e:  # pylint: disable=broad-except
+      message = unserved(self.files, e)
+      if message:
+        raise ShardReadError(message) from e
+      raise
     self.num_records = len(self._source)
     counts = self.metadata["splits"][split]
     expected = int(counts.get("rows", counts["instances"]))
@@ -301,6 +362,9 @@ class Loader:
     try:
       raw = self._source.__getitems__(records.tolist())
     except Exception as e:  # pylint: disable=broad-except
+      message = unserved(self.files, e)
+      if message:
+        raise ShardReadError(message) from e
       raise DamagedShardError(self._damaged(records.tolist(), e)) from e
     if self.max_per_row:
       return self._packed_batch(records, epochs, raw)

@@ -199,12 +199,17 @@ def _shard_problem(path, shard: dict[str, Any]) -> str | None:
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   try:
     reader = array_record_module.ArrayRecordReader(os.fspath(path))
+    try:
+      count = reader.num_records()
+    finally:
+      reader.close()  # raises what the reader met (it counts 0 records then)
   except Exception as e:  # pylint: disable=broad-except
+    # Imported here: the loader imports `prepare`, which imports this.
+    from albert_jax.data import loader  # pylint: disable=g-import-not-at-top
+    message = loader.unserved([os.fspath(path)], e)
+    if message:  # Cloud Storage's failure: preparing again would not help
+      raise loader.ShardReadError(message) from e
     return f"cannot be read ({str(e).splitlines()[0][:120]})"
-  try:
-    count = reader.num_records()
-  finally:
-    reader.close()
   # Packed shards hold fewer records (rows) than instances; a record
   # written before "records" was recorded held one instance.
   expected = shard.get("records", shard["instances"])

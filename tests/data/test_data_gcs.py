@@ -2,8 +2,11 @@
 emulator) give exactly what the same local files give."""
 
 import gzip
+import http.server
 import itertools
 import os
+import re
+import threading
 
 from locations import CORPUS
 import ml_collections
@@ -16,6 +19,7 @@ from albert_jax.data import loader as loader_lib
 from albert_jax.data import masking
 from albert_jax.data import pipeline
 from albert_jax.data import prepare
+from albert_jax.data import units
 from albert_jax.training import defaults
 
 SEQ = 32
@@ -168,3 +172,64 @@ def test_pipeline_prepares_into_a_gcs_workdir_once(
       out, "train", global_batch_size=4, vocab=loader_lib.Vocabulary
       .from_tokenizer(tiny_tokenizer), process_index=0, process_count=1,
       prefetch=0).num_records == meta["splits"]["train"]["instances"]
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+  """Cloud Storage refusing every request (403)."""
+
+  def do_GET(self):  # pylint: disable=invalid-name
+    body = b'{"error": {"code": 403, "message": "denied"}}'
+    self.send_response(403)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *args):
+    pass
+
+
+def test_a_shard_cloud_storage_does_not_serve_is_not_called_damaged(
+    gcs_bucket, tiny_sop_dataset, tiny_tokenizer, monkeypatch):
+  """The client inside ArrayRecord's reader (google-cloud-cpp) is sent to
+  a server on 127.0.0.1 that refuses every request: reading a batch names
+  the shard and says to run again, not to prepare the data again (which
+  it said, as for a corrupt shard), and so does a new loader, which opens
+  every shard to count its records (a raw RuntimeError before). An outage
+  ends the same way once the reader's own 15 minutes of retries are spent
+  ("Retry policy exhausted", the case below)."""
+  _, local = tiny_sop_dataset
+  root = f"{gcs_bucket}/data"
+  _put(root, {name: open(os.path.join(local, name), "rb").read()
+              for name in os.listdir(local)
+              if os.path.isfile(os.path.join(local, name))})
+  loader = _loader(root, tiny_tokenizer, "train")  # counted on the emulator
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    monkeypatch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT",
+                       f"http://127.0.0.1:{server.server_address[1]}")
+    with pytest.raises(loader_lib.ShardReadError) as e:
+      loader.local_batch(0)  # readers are opened at the first read
+    message = str(e.value)
+    assert re.match(rf"Reading prepared data from {root}/train-\S+ failed: "
+                    r"Cloud Storage refused ArrayRecord's reader \(Permanent "
+                    r"error, with a last message of .*403", message), message
+    assert ("The shard is not known to be damaged. Check the network, the "
+            "bucket's permissions and that the shard is there") in message
+    assert "Prepare the data again" not in message
+    with pytest.raises(loader_lib.ShardReadError) as e:
+      _loader(root, tiny_tokenizer, "train")  # opens each shard to count
+    assert str(e.value).startswith(f"Reading prepared data from {root}/"
+                                   "train-"), str(e.value)
+    # A prepare rerun's check of a finished shard: the same error, not a
+    # raw RuntimeError (nor a unit prepared again for an outage).
+    shard = storage.path(f"{root}/train-00000-00000.arrayrecord")
+    with pytest.raises(loader_lib.ShardReadError) as e:
+      units._shard_problem(shard, {"bytes": shard.stat().length,  # pylint: disable=protected-access
+                                   "instances": 1})
+    assert str(e.value).startswith(f"Reading prepared data from {shard} "
+                                   "failed: Cloud Storage refused"), str(e.value)
+  finally:
+    server.shutdown()
+    server.server_close()

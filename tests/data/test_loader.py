@@ -95,7 +95,7 @@ def test_shapes_and_dtypes(data_dir, vocab):
 
 def test_masking_invariants(data_dir, vocab, tok):
   loader = _loader(data_dir, vocab)
-  raw = loader._source  # pylint: disable=protected-access
+  raw = loader._source
   masked_tokens = replaced_by_mask = 0
   for step in range(4):
     batch = loader.batch(step)
@@ -356,6 +356,32 @@ def test_a_damaged_shard_names_the_file_and_the_fix(data_dir, vocab, tmp_path):
   assert "\n" not in message
 
 
+# What ArrayRecord's reader (array_record 0.8.6) raised for a gs:// shard
+# once the client inside it gave up on a refused port: after 901.6 s of
+# its own retries, which the suite cannot wait for.
+_GAVE_UP = ("Retry policy exhausted, with a last message of PerformWork() - "
+            "CURL error [7]=Couldn't connect to server; reading "
+            "gs://b/d/train-00000-00001.arrayrecord; at byte 0")
+
+
+def test_a_shard_read_cloud_storage_gave_up_on_is_an_outage():
+  """Named as Cloud Storage's failure with the shard and "run again", not
+  as damage ("prepare the data again"); the same text for local files,
+  and a corrupt shard's error, are left to the damage check."""
+  files = [f"gs://b/d/train-00000-0000{i}.arrayrecord" for i in range(2)]
+  message = loader_lib.unserved(files, RuntimeError(_GAVE_UP))
+  assert message.startswith(
+      f"Reading prepared data from {files[1]} failed: Cloud Storage did not "
+      "answer ArrayRecord's reader, which gave up after its own retries "
+      f"({_GAVE_UP}). The shard is not known to be damaged."), message
+  assert f"(gcloud storage ls {files[1]}), then run again" in message
+  assert "Prepare the data again" not in message
+  local = [f.replace("gs://b", "/data") for f in files]
+  assert loader_lib.unserved(local, RuntimeError(_GAVE_UP)) is None
+  assert loader_lib.unserved(
+      files, RuntimeError("chunk header hash mismatch")) is None
+
+
 @pytest.fixture(scope="module")
 def packed_dir(tok, tmp_path_factory):
   """Short documents (three sentences of at most five words), so most
@@ -390,7 +416,7 @@ def test_packed_rows_keep_each_instance_whole(packed_dir, vocab, tok):
     records, _ = packed.record_indices(step)
     for row, index in enumerate(records):
       row_instances = inst_lib.from_bytes_packed(
-          packed._source[int(index)])  # pylint: disable=protected-access
+          packed._source[int(index)])
       w = batch["masked_weights"][row] > 0
       pos = batch["masked_positions"][row][w]
       assert np.all(np.diff(pos) > 0)

@@ -423,6 +423,10 @@ def _edit_config(path, **changes):
     (dict(position_embedding_type="relative_key"), "relative_key"),
     (dict(hidden_act="swishy"), "swishy"),
     (dict(num_attention_heads=5), "divisible"),
+    # ALBERT's shared layers leave the depth out of every tensor's shape,
+    # so only the bound stops it (a forward's time grew with it).
+    (dict(num_hidden_layers=10**6), "model.num_hidden_layers=1000000 is "
+     r"more than albert_jax builds \(at most 1024\)"),
 ])
 def test_bad_config(zoo, tmp_path, changes, expected):
   path = zoo.copy(tmp_path)

@@ -287,7 +287,11 @@ def test_fine_tuning_variables_are_left_out_with_a_warning(release, tmp_path,
     (dict(layer_norm_epsilon=1e-6), "unknown keys ['layer_norm_epsilon']"),
     (dict(num_hidden_layers=22, num_hidden_groups=22),
      "assigns layers to groups"),
-], ids=["activation", "unknown_key", "group_rounding"])
+    # Refused from the config alone, before any variable is read (it
+    # allocated 1.5 GB before its error).
+    (dict(num_hidden_layers=10**6),
+     "model.num_hidden_layers=1000000 is more than albert_jax builds"),
+], ids=["activation", "unknown_key", "group_rounding", "huge_depth"])
 def test_bad_official_config(changes, expected):
   with pytest.raises(ValueError) as error:
     tf_checkpoint.config_from_tf(official_config(**changes))

@@ -98,3 +98,37 @@ def test_a_bpe_tokenizer_on_a_full_disk_is_one_line_and_leaves_nothing(
     assert not out.exists() or os.listdir(out) == [], os.listdir(out)
   done = train_tokenizer.train(str(corpus), 1000, kind="bpe", output=str(out))
   assert done.vocab_size == 1000
+
+
+def test_a_sentencepiece_model_on_a_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path):
+  """As above, for SentencePiece, which does not check its model's write:
+  under a 64 KiB file-size limit it returned after writing part of the
+  model, and loading it raised a `ParseFromArray` traceback. The model is
+  read back after training: one line, no partial file. (The same through
+  `python -m albert_jax.main`: `training/test_full_disk.py`, long tier.)"""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import itertools  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / "corpus.txt"
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    corpus.write_text("".join(itertools.islice(f, 2000)), encoding="utf-8")
+  out = tmp_path / "spm" / "s.model"  # about 240 KB whole
+
+  def full_disk():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+  proc = subprocess.run(
+      [sys.executable, "-m", "albert_jax.text.train_tokenizer", "--input",
+       str(corpus), "--vocab_size", "300", "--num_threads", "1", "--output",
+       str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+      check=False, preexec_fn=full_disk,
+      env={**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONDONTWRITEBYTECODE": "1"})
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert line == (
+      f"error: Writing the SentencePiece model into {out.parent} failed "
+      "(65536 bytes written, which do not parse): the disk is full, or the "
+      "folder is not writable. Free space there (or choose another folder) "
+      "and run again; no partial model is left."), line
+  assert os.listdir(out.parent) == []

@@ -270,8 +270,18 @@ def test_predict_cli_never_destroys_its_input_or_earlier_output(
                                     f"--output={out}"]) == 2
   assert "no column 'text'" in capsys.readouterr().err
   assert out.read_bytes() == good
+  # A lone UTF-16 surrogate in a JSON line (it reached SentencePiece as a
+  # pybind11 cast error): one line naming the file and the line.
+  odd = tmp_path / "odd.jsonl"
+  odd.write_text('{"text": "fine"}\n{"text": "half \\udc00"}\n')
+  assert prediction_files.main(args + [f"--input={odd}",
+                                    f"--output={out}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {odd}, line 2: 'half \\udc00' holds a lone "
+                        "UTF-16 surrogate (\\udc00)") and err.count("\n") == 1
+  assert out.read_bytes() == good
   assert sorted(os.listdir(tmp_path)) == ["bad.tsv", "in.jsonl", "link.jsonl",
-                                          "out.jsonl"]
+                                          "odd.jsonl", "out.jsonl"]
   # Bad sizes and a missing folder: one line each, before the model loads.
   for flag, message in (
       ("--batch_size=0", "--batch_size=0 must be a whole number >= 1, e.g. "
