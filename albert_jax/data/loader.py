@@ -34,7 +34,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import os
-import re
 from typing import Any, Iterator
 
 import numpy as np
@@ -43,6 +42,8 @@ from albert_jax import storage
 from albert_jax.data import instances as instances_lib
 from albert_jax.data import masking
 from albert_jax.data import row_random
+from albert_jax.data.shards import ShardReadError
+from albert_jax.data.shards import unserved
 from albert_jax.data.prepare import FORMAT
 
 METADATA = "dataset.json"
@@ -175,52 +176,6 @@ def record_files(data_dir: str, metadata: dict[str, Any], split: str
 
 class DamagedShardError(ValueError):
   """A prepared shard that cannot be read back (truncated or corrupted)."""
-
-
-class ShardReadError(OSError):
-  """A `gs://` shard that Cloud Storage did not serve to ArrayRecord's
-  reader (an outage longer than the reader's own retries, or a refusal):
-  the data is not known to be damaged."""
-
-
-# google-cloud-cpp's words, in the error riegeli's GcsReader passes on, when
-# the client inside ArrayRecord's reader gives up on a request: after its
-# retries of transient failures, or at once on a permanent one (401, 403,
-# 404).
-_GCS_GAVE_UP = re.compile(r"Retry policy exhausted|Permanent error")
-_GCS_RETRIES = ("ArrayRecord's reader retries in its own client "
-                "(google-cloud-cpp: a request silent for 120 s is retried, "
-                "for up to 15 minutes), which albert_jax cannot set")
-
-
-def _bucket_of(files: list[str]) -> str:
-  """`gs://BUCKET` of the first remote shard."""
-  remote = next(f for f in files if storage.is_remote(f))
-  return "gs://" + remote[len("gs://"):].split("/", 1)[0]
-
-
-def unserved(files: list[str], error: Exception) -> str | None:
-  """The message for a failed read of `files` that Cloud Storage caused
-  (the client in ArrayRecord's reader gave up, or was refused), else None.
-  Decided from the error alone: each record read again could take the
-  reader's 15 minutes of retries."""
-  text = str(error).strip()
-  if not (_GCS_GAVE_UP.search(text)
-          and any(storage.is_remote(f) for f in files)):
-    return None
-  found = re.search(r"reading (gs://\S+?);", text)
-  shard = found.group(1) if found else _bucket_of(files)
-  brief = text.splitlines()[0][:300]
-  if text.startswith("Retry policy exhausted"):
-    what = ("Cloud Storage did not answer ArrayRecord's reader, which gave "
-            "up after its own retries")
-  else:
-    what = "Cloud Storage refused ArrayRecord's reader"
-  return (f"Reading prepared data from {shard} failed: {what} ({brief}). "
-          "The shard is not known to be damaged. Check the network, the "
-          "bucket's permissions and that the shard is there (gcloud storage "
-          f"ls {shard}), then run again (a training run resumes from its "
-          f"last checkpoint). {_GCS_RETRIES}.")
 
 
 _DAMAGED_FIX = ("Prepare the data again (python -m albert_jax.data.prepare) "

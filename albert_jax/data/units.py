@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from albert_jax import storage
 from albert_jax.text import documents as documents_lib
 from albert_jax.data import instances as instances_lib
+from albert_jax.data import shards
 
 log = logging.getLogger(__name__)
 
@@ -204,11 +205,9 @@ def _shard_problem(path, shard: dict[str, Any]) -> str | None:
     finally:
       reader.close()  # raises what the reader met (it counts 0 records then)
   except Exception as e:  # pylint: disable=broad-except
-    # Imported here: the loader imports `prepare`, which imports this.
-    from albert_jax.data import loader  # pylint: disable=g-import-not-at-top
-    message = loader.unserved([os.fspath(path)], e)
+    message = shards.unserved([os.fspath(path)], e)
     if message:  # Cloud Storage's failure: preparing again would not help
-      raise loader.ShardReadError(message) from e
+      raise shards.ShardReadError(message) from e
     return f"cannot be read ({str(e).splitlines()[0][:120]})"
   # Packed shards hold fewer records (rows) than instances; a record
   # written before "records" was recorded held one instance.

@@ -16,6 +16,7 @@ import pytest
 from albert_jax import storage
 from albert_jax.text import documents
 from albert_jax.data import loader as loader_lib
+from albert_jax.data import shards
 from albert_jax.data import masking
 from albert_jax.data import pipeline
 from albert_jax.data import prepare
@@ -209,7 +210,7 @@ def test_a_shard_cloud_storage_does_not_serve_is_not_called_damaged(
   try:
     monkeypatch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT",
                        f"http://127.0.0.1:{server.server_address[1]}")
-    with pytest.raises(loader_lib.ShardReadError) as e:
+    with pytest.raises(shards.ShardReadError) as e:
       loader.local_batch(0)  # readers are opened at the first read
     message = str(e.value)
     assert re.match(rf"Reading prepared data from {root}/train-\S+ failed: "
@@ -218,14 +219,14 @@ def test_a_shard_cloud_storage_does_not_serve_is_not_called_damaged(
     assert ("The shard is not known to be damaged. Check the network, the "
             "bucket's permissions and that the shard is there") in message
     assert "Prepare the data again" not in message
-    with pytest.raises(loader_lib.ShardReadError) as e:
+    with pytest.raises(shards.ShardReadError) as e:
       _loader(root, tiny_tokenizer, "train")  # opens each shard to count
     assert str(e.value).startswith(f"Reading prepared data from {root}/"
                                    "train-"), str(e.value)
     # A prepare rerun's check of a finished shard: the same error, not a
     # raw RuntimeError (nor a unit prepared again for an outage).
     shard = storage.path(f"{root}/train-00000-00000.arrayrecord")
-    with pytest.raises(loader_lib.ShardReadError) as e:
+    with pytest.raises(shards.ShardReadError) as e:
       units._shard_problem(shard, {"bytes": shard.stat().length,  # pylint: disable=protected-access
                                    "instances": 1})
     assert str(e.value).startswith(f"Reading prepared data from {shard} "

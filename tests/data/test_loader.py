@@ -21,6 +21,7 @@ import pytest
 from albert_jax import sharding as sharding_lib
 from albert_jax.data import instances as inst_lib
 from albert_jax.data import loader as loader_lib
+from albert_jax.data import shards
 from albert_jax.data import masking
 from albert_jax.data import prepare as prep
 from albert_jax.text import train_tokenizer as text_train
@@ -369,7 +370,7 @@ def test_a_shard_read_cloud_storage_gave_up_on_is_an_outage():
   as damage ("prepare the data again"); the same text for local files,
   and a corrupt shard's error, are left to the damage check."""
   files = [f"gs://b/d/train-00000-0000{i}.arrayrecord" for i in range(2)]
-  message = loader_lib.unserved(files, RuntimeError(_GAVE_UP))
+  message = shards.unserved(files, RuntimeError(_GAVE_UP))
   assert message.startswith(
       f"Reading prepared data from {files[1]} failed: Cloud Storage did not "
       "answer ArrayRecord's reader, which gave up after its own retries "
@@ -377,8 +378,8 @@ def test_a_shard_read_cloud_storage_gave_up_on_is_an_outage():
   assert f"(gcloud storage ls {files[1]}), then run again" in message
   assert "Prepare the data again" not in message
   local = [f.replace("gs://b", "/data") for f in files]
-  assert loader_lib.unserved(local, RuntimeError(_GAVE_UP)) is None
-  assert loader_lib.unserved(
+  assert shards.unserved(local, RuntimeError(_GAVE_UP)) is None
+  assert shards.unserved(
       files, RuntimeError("chunk header hash mismatch")) is None
 
 
