@@ -27,6 +27,7 @@ from albert_jax.finetune import run as ft
 from albert_jax.interop import CheckpointError
 from albert_jax.interop import workdir as workdir_lib
 from locations import REPO
+import tfds_fakes  # pylint: disable=g-bad-import-order
 
 # Every run compiles the same few programs; later runs read them back.
 
@@ -518,20 +519,6 @@ def test_predict_cli_fake_devices_must_come_first(classifier, tmp_path,
 ################################################################################
 
 
-def _fake_squad(rows):
-  """A TFDS `as_dataset` serving `rows` through the builder's own
-  serialisation."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  def as_dataset(self, *args, split, **kwargs):
-    del args, kwargs, split
-    features = self.info.features
-    data = [features.serialize_example(r) for r in rows]
-    return tf.data.Dataset.from_tensor_slices(data).map(
-        features.deserialize_example)
-  return as_dataset
-
-
 def _squad_rows(n, seed):
   rng = np.random.default_rng(seed)
   rows = []
@@ -557,10 +544,8 @@ def test_question_answering_round_trip(tmp_path, tiny_spm):
                    n_best_size=5, max_answer_length=6, v2_head="official",
                    tfds_download=False, start_n_top=3, end_n_top=3)
   served = {"train": train, "validation": dev}
-
-  def as_dataset(self, *args, split, **kwargs):
-    return _fake_squad(served[split])(self, *args, split=split, **kwargs)
-  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+  with tfds.testing.mock_data(as_dataset_fn=tfds_fakes.serving(
+      lambda builder, split: served[split])):
     ft.run(config, str(tmp_path))
   want = json.loads((tmp_path / "predictions" / "predictions.json")
                     .read_text())

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from locations import CONFIGS
 from locations import CORPUS
+import tfds_fakes  # pylint: disable=g-bad-import-order
 import numpy as np
 import pytest
 
@@ -32,7 +33,7 @@ from albert_jax.text.tokenizer import Tokenizer
 from albert_jax.finetune.tfds_source import TfdsSource
 
 tfds = pytest.importorskip("tensorflow_datasets")
-tf = pytest.importorskip("tensorflow")
+pytest.importorskip("tensorflow")  # tfds_fakes serves through tf.data
 
 SEQ = 48
 
@@ -186,18 +187,6 @@ def _squad_row(qid, question, answers, v2):
   return row
 
 
-def _fake_squad(rows):
-  """A TFDS `as_dataset` serving `rows` through the builder's own
-  serialisation, so the reader sees exactly what real TFDS data gives."""
-  def as_dataset(self, *args, split, **kwargs):
-    del args, kwargs, split
-    features = self.info.features
-    data = [features.serialize_example(r) for r in rows]
-    return tf.data.Dataset.from_tensor_slices(data).map(
-        features.deserialize_example)
-  return as_dataset
-
-
 def _task(name, **data):
   return squad.make_task(name, {"doc_stride": 8, "max_query_length": 12,
                                 "n_best_size": 5, "max_answer_length": 16,
@@ -207,7 +196,7 @@ def _task(name, **data):
 def _load(task, split, tok, questions=QUESTIONS):
   v2 = task.version_2
   rows = [_squad_row(*q, v2) for q in questions if v2 or q[2]]
-  with tfds.testing.mock_data(as_dataset_fn=_fake_squad(rows)):
+  with tfds.testing.mock_data(as_dataset_fn=tfds_fakes.serving(rows)):
     return task.load(split, tok, SEQ)
 
 
@@ -348,7 +337,7 @@ def test_misplaced_answers_are_labelled_no_answer(tok):
   bad = ("q-bad", "Where?", ["France"])
   rows = [_squad_row(*QUESTIONS[0], False), _squad_row(*bad, False)]
   rows[1]["answers"]["answer_start"] = [3]  # not where "France" is
-  with tfds.testing.mock_data(as_dataset_fn=_fake_squad(rows)):
+  with tfds.testing.mock_data(as_dataset_fn=tfds_fakes.serving(rows)):
     with pytest.warns(UserWarning, match="1 of 2 questions"):
       train = task.load("train", tok, SEQ)
     with pytest.warns(UserWarning, match="1 of 2 questions"):
@@ -377,7 +366,7 @@ def test_random_mock_data_loads(tok, name):
 def test_max_seq_length_too_short(tok):
   task = _task("squad/v1.1", max_query_length=64)
   rows = [_squad_row("q", "word " * 60, ["France"], False)]
-  with tfds.testing.mock_data(as_dataset_fn=_fake_squad(rows)):
+  with tfds.testing.mock_data(as_dataset_fn=tfds_fakes.serving(rows)):
     with pytest.raises(ValueError, match="max_query_length"):
       task.load("validation", tok, 16)
 
