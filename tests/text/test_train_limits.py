@@ -63,33 +63,49 @@ def test_a_megabyte_sentence_is_left_out_with_a_warning(tmp_path, caplog):
           "vocabulary's training (they are still tokenised).") in caplog.text
 
 
+def _corpus(tmp_path):
+  """2000 lines of the bundled corpus, as a plain text file."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import itertools  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / "corpus.txt"
+  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+    corpus.write_text("".join(itertools.islice(f, 2000)), encoding="utf-8")
+  return corpus
+
+
+def _train_on_a_full_disk(limit: int, *args: str):
+  """`python -m albert_jax.text.train_tokenizer ARGS` under a file-size
+  limit of `limit` bytes (the kernel refuses writes past it: EFBIG, as
+  ENOSPC on a full disk); its one `error:` line, after checking it exited
+  2 without a traceback."""
+  def full_disk():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+  proc = subprocess.run(
+      [sys.executable, "-m", "albert_jax.text.train_tokenizer", *args],
+      cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+      preexec_fn=full_disk,
+      # No .pyc writes: under the limit Python's bytecode write stops short
+      # without an error and would leave a truncated file.
+      env={**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONDONTWRITEBYTECODE": "1"})
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  return line
+
+
 def test_a_bpe_tokenizer_on_a_full_disk_is_one_line_and_leaves_nothing(
     tmp_path):
   """The disk fills for real: past a file-size limit the kernel refuses
   writes (EFBIG, as ENOSPC on a full disk). The tokenizers library's own
   write and ours each fail in one line naming the folder; no file of the
   set is left."""
-  import gzip  # pylint: disable=g-import-not-at-top
-  import itertools  # pylint: disable=g-import-not-at-top
-  corpus = tmp_path / "corpus.txt"
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    corpus.write_text("".join(itertools.islice(f, 2000)), encoding="utf-8")
+  corpus = _corpus(tmp_path)
   out = tmp_path / "bpe"
   for limit in (2_000, 20_000):  # vocab.json (~16 KB) fails; then later
-    def full_disk(limit=limit):
-      resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    proc = subprocess.run(
-        [sys.executable, "-m", "albert_jax.text.train_tokenizer", "--type", "bpe",
-         "--input", str(corpus), "--vocab_size", "1000", "--output",
-         str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
-        check=False, preexec_fn=full_disk,
-        # No .pyc writes: under the limit Python's bytecode write stops
-        # short without an error and would leave a truncated file.
-        env={**os.environ, "JAX_PLATFORMS": "cpu",
-             "PYTHONDONTWRITEBYTECODE": "1"})
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    line = _train_on_a_full_disk(
+        limit, "--type", "bpe", "--input", str(corpus), "--vocab_size",
+        "1000", "--output", str(out))
     assert line.startswith(f"error: Writing the BPE tokenizer into {out} "
                            "failed ("), line
     assert line.endswith("the disk is full, or the folder is not writable. "
@@ -107,25 +123,11 @@ def test_a_sentencepiece_model_on_a_full_disk_is_one_line_and_leaves_nothing(
   model, and loading it raised a `ParseFromArray` traceback. The model is
   read back after training: one line, no partial file. (The same through
   `python -m albert_jax.main`: `training/test_full_disk.py`, long tier.)"""
-  import gzip  # pylint: disable=g-import-not-at-top
-  import itertools  # pylint: disable=g-import-not-at-top
-  corpus = tmp_path / "corpus.txt"
-  with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
-    corpus.write_text("".join(itertools.islice(f, 2000)), encoding="utf-8")
+  corpus = _corpus(tmp_path)
   out = tmp_path / "spm" / "s.model"  # about 240 KB whole
-
-  def full_disk():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
-  proc = subprocess.run(
-      [sys.executable, "-m", "albert_jax.text.train_tokenizer", "--input",
-       str(corpus), "--vocab_size", "300", "--num_threads", "1", "--output",
-       str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
-      check=False, preexec_fn=full_disk,
-      env={**os.environ, "JAX_PLATFORMS": "cpu",
-           "PYTHONDONTWRITEBYTECODE": "1"})
-  assert proc.returncode == 2, proc.stderr[-3000:]
-  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  line = _train_on_a_full_disk(
+      65536, "--input", str(corpus), "--vocab_size", "300", "--num_threads",
+      "1", "--output", str(out))
   assert line == (
       f"error: Writing the SentencePiece model into {out.parent} failed "
       "(65536 bytes written, which do not parse): the disk is full, or the "
