@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+import albert_jax
 from albert_jax import config_lib
 from albert_jax.finetune import registry
 from albert_jax.finetune import run as ft
@@ -92,6 +93,11 @@ def test_a_new_family_is_one_folder_and_one_registry_line(
         "reviews/stars", "classification", ("1", "4", "5"))
     out = model.predict(["works well"])
     assert len(out) == 1 and out[0]["label"] in ("1", "4", "5")
+    # Exported as transformers' classifier, and read back as one.
+    model.to_hf(str(tmp_path / "hf"))
+    back = albert_jax.load_pretrained(str(tmp_path / "hf"))
+    assert (back.task_type, back.labels) == ("classification", ("1", "4", "5"))
+    assert back.predict(["works well"])[0]["label"] == out[0]["label"]
   finally:
     monkeypatch.undo()
     registry._families.cache_clear()  # pylint: disable=protected-access
