@@ -16,6 +16,16 @@ A heartbeat's age is the lease file's own age by the storage's clock
 never the owner's recorded wall-clock time against the reader's: two
 hosts whose clocks disagree by minutes would otherwise take over a live
 run, or never take over a dead one. The recorded times are for people.
+
+A takeover is itself exclusive: the taker first creates PATH.takeover
+(created only if absent, as the lease), judges the lease again under it,
+replaces it and deletes PATH.takeover. Of several runs that find one lease
+stale at the same moment (hosts polling a dead host's lease), one takes it
+over; the others find it live when they judge again.
+
+`take` is the same lease for a process that must not start JAX (a sweep's
+claim on a trial, albert_jax/tools/sweep.py, whose trials need the host's
+chips): this module imports JAX only inside `acquire`.
 """
 
 from __future__ import annotations
@@ -27,10 +37,8 @@ import os
 import socket
 import threading
 import time
+from typing import Callable
 import uuid
-
-import jax
-import numpy as np
 
 from albert_jax import retry
 from albert_jax import storage
@@ -40,10 +48,25 @@ log = logging.getLogger(__name__)
 LEASE = "lease.json"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 120.0
+# Beside a lease while a run takes it over (see the module docstring).
+TAKEOVER = ".takeover"
+# What the heartbeat of a taken-over workdir lease logs: `loop.fit` stops.
+_TRAINER_TAKEN = "this run stops before its next step."
 
 
 class WorkdirBusyError(RuntimeError):
-  """Another run holds the workdir."""
+  """Another run holds the workdir, or the lease file `take` was given.
+
+  Attributes:
+    held: the holder's record ({} where it is being written or unreadable).
+    age: seconds since the holder's last heartbeat, by the storage's clock.
+  """
+
+  def __init__(self, message: str, held: dict | None = None,
+               age: float | None = None):
+    super().__init__(message)
+    self.held = {} if held is None else held
+    self.age = age
 
 
 @dataclasses.dataclass
@@ -52,13 +75,18 @@ class Lease:
 
   `taken` is set by the heartbeat when another run has taken the lease
   over; the training loop then stops without saving (`loop.fit`), so its
-  checkpoint retention cannot delete the new owner's checkpoints.
+  checkpoint retention cannot delete the new owner's checkpoints. `record`
+  is what the heartbeat writes (with its time), `lock` orders its writes
+  with `note`'s.
   """
   path: str
   owner: str
   stop: threading.Event
   thread: threading.Thread | None
   taken: threading.Event = dataclasses.field(default_factory=threading.Event)
+  record: dict = dataclasses.field(default_factory=dict)
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+  clock: Callable[[], float] = time.time
 
   def __enter__(self) -> "Lease":
     return self
@@ -74,11 +102,24 @@ class Lease:
     held = _read(self.path)
     return held is not None and held.get("owner") != self.owner
 
-  def release(self) -> None:
+  def note(self, **fields) -> None:
+    """Adds `fields` to the lease's record, written now and by every
+    heartbeat after (a sweep's claim records its trial's failure so);
+    nothing once another run has taken the lease over."""
+    with self.lock:
+      if self.thread is None or self.lost:
+        return
+      self.record.update(fields)
+      _replace(self.path, {**self.record, "heartbeat": self.clock()})
+
+  def release(self, keep: bool = False) -> None:
+    """Stops the heartbeat and deletes the lease, or with `keep` leaves it
+    as last written (a sweep's record of a failed trial), to be judged as
+    any lease whose heartbeat has stopped."""
     self.stop.set()
     if self.thread is not None:
       self.thread.join()
-    if self.thread is not None and not self.lost:
+    if self.thread is not None and not keep and not self.lost:
       storage.path(self.path).unlink(missing_ok=True)
 
 
@@ -134,7 +175,8 @@ def _replace(path: str, record: dict) -> None:
   storage.write_atomic(path, json.dumps(record))
 
 
-def _describe(held: dict, age: float | None) -> str:
+def describe(held: dict, age: float | None) -> str:
+  """"pid 12 on host-1 (heartbeat 3 s ago)": a lease's holder for people."""
   when = "" if age is None else f" (heartbeat {age:.0f} s ago)"
   if "pid" not in held:
     return f"a lease being written or unreadable{when}"
@@ -156,22 +198,21 @@ def _process_gone(held: dict) -> bool:
   return False
 
 
-def _beat(path: str, record: dict, stop: threading.Event,
-          taken: threading.Event, interval: float, clock) -> None:
-  while not stop.wait(interval):
+def _beat(lease: Lease, interval: float, taken_says: str) -> None:
+  while not lease.stop.wait(interval):
     try:
-      held = _read(path)
-      if held is not None and held.get("owner") != record["owner"]:
-        log.error("The lease on %s was taken over by %s; this run stops "
-                  "before its next step.", _workdir(path),
-                  _describe(held, None))
-        taken.set()
-        return
-      _replace(path, {**record, "heartbeat": clock()})
+      with lease.lock:
+        held = _read(lease.path)
+        if held is not None and held.get("owner") != lease.owner:
+          log.error("The lease %s was taken over by %s; %s", lease.path,
+                    describe(held, None), taken_says)
+          lease.taken.set()
+          return
+        _replace(lease.path, {**lease.record, "heartbeat": lease.clock()})
     except retry.StorageUnavailableError:
       # Retried to its deadline and logged; the next beat tries again.
-      log.warning("The heartbeat of the lease on %s was not written; "
-                  "trying again in %.0f s.", _workdir(path), interval)
+      log.warning("The heartbeat of the lease %s was not written; "
+                  "trying again in %.0f s.", lease.path, interval)
 
 
 def acquire(workdir: str, take_over: bool = False, *,
@@ -186,6 +227,8 @@ def acquire(workdir: str, take_over: bool = False, *,
   Raises:
     WorkdirBusyError: another run's lease is live, naming it and the fixes.
   """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   path = os.fspath(storage.path(workdir) / LEASE)
   owner = uuid.uuid4().hex
   stop, error, lease = threading.Event(), None, None
@@ -207,9 +250,36 @@ def acquire(workdir: str, take_over: bool = False, *,
   return lease or Lease(path, owner, stop, None)
 
 
+def look(path: str) -> tuple[dict, float] | None:
+  """The lease at `path` without taking it: (its record, seconds since it
+  was last written by the storage's clock), or None where there is none."""
+  held, age = _read(path), _age(path)
+  return None if held is None or age is None else (held, age)
+
+
+def take(path: str, *, over: str | None = None,
+         heartbeat_seconds: float = HEARTBEAT_SECONDS,
+         stale_seconds: float = STALE_SECONDS, clock=time.time,
+         taken_says: str = "this process no longer holds it.") -> Lease:
+  """The lease file `path` for this process alone, heartbeat and all:
+  `acquire`'s taking without JAX (which `acquire` asks which process of a
+  run holds the lease), for a process that must not start it. A lease
+  whose owner is `over` is taken over however live it looks (a sweep's
+  record of an earlier run's failure); another owner's, as `acquire` does.
+  `taken_says` ends the error the heartbeat logs if another run takes the
+  lease over.
+
+  Raises:
+    WorkdirBusyError: another's lease is live; `held` and `age` name it.
+  """
+  return _take(os.fspath(path), uuid.uuid4().hex, threading.Event(), False,
+               heartbeat_seconds, stale_seconds, clock, taken_says, over)
+
+
 def _take(path: str, owner: str, stop: threading.Event, take_over: bool,
-          heartbeat_seconds: float, stale_seconds: float, clock) -> Lease:
-  """Process 0's side of `acquire`."""
+          heartbeat_seconds: float, stale_seconds: float, clock,
+          taken_says: str = _TRAINER_TAKEN, over: str | None = None) -> Lease:
+  """Process 0's side of `acquire`; `take`'s whole."""
   workdir = _workdir(path)
   record = _record(owner, clock)
   while not _create(path, record):
@@ -220,26 +290,57 @@ def _take(path: str, owner: str, stop: threading.Event, take_over: bool,
       break  # ours: a retried create whose first answer was lost
     stale = age > stale_seconds
     gone = _process_gone(held)
-    if not (stale or gone or take_over):
+    named = over is not None and held.get("owner") == over
+    if not (stale or gone or take_over or named):
       damaged = ("" if "pid" in held else
                  f" If no run is using it and {path} stays unreadable, "
                  "delete that file.")
       raise WorkdirBusyError(
-          f"{workdir} is in use by another run: {_describe(held, age)}. Wait "
+          f"{workdir} is in use by another run: {describe(held, age)}. Wait "
           "for it to end; if it was killed, its lease goes stale "
           f"{stale_seconds:.0f} s after its last heartbeat and is then taken "
           "over; to take it over now, rerun with "
-          f"--config.take_over_workdir=True.{damaged}")
-    log.warning("Taking over the lease on %s from %s: %s.", workdir,
-                _describe(held, age),
-                "its heartbeat is stale" if stale else
-                "its process is gone" if gone else
-                "--config.take_over_workdir=True")
-    _replace(path, record)
+          f"--config.take_over_workdir=True.{damaged}", held, age)
+    if not _lock_takeover(path, owner, stale_seconds):
+      raise WorkdirBusyError(
+          f"{workdir} is being taken over by another run this moment (it "
+          f"holds {path}{TAKEOVER}) from {describe(held, age)}; wait for "
+          "that run.", held, age)
+    try:
+      now = _read(path)
+      if now is None or now.get("owner") != held.get("owner"):
+        continue  # released or taken over while judged: judge again
+      log.warning("Taking over %s from %s: %s.", path, describe(held, age),
+                  "its heartbeat is stale" if stale else
+                  "its process is gone" if gone else
+                  "its owner was named to be taken over" if named else
+                  "--config.take_over_workdir=True")
+      _replace(path, record)
+    finally:
+      storage.path(path + TAKEOVER).unlink(missing_ok=True)
     break
-  taken = threading.Event()
-  thread = threading.Thread(target=_beat, args=(path, record, stop, taken,
-                                                heartbeat_seconds, clock),
-                            name="workdir-lease", daemon=True)
-  thread.start()
-  return Lease(path, owner, stop, thread, taken)
+  lease = Lease(path, owner, stop, None, record=record, clock=clock)
+  lease.thread = threading.Thread(
+      target=_beat, args=(lease, heartbeat_seconds, taken_says),
+      name="workdir-lease", daemon=True)
+  lease.thread.start()
+  return lease
+
+
+def _lock_takeover(path: str, owner: str, stale_seconds: float) -> bool:
+  """Creates PATH.takeover for `owner`; whether it holds it. One left by a
+  run that died taking the lease over (older than `stale_seconds`) is
+  removed first."""
+  lock = path + TAKEOVER
+  if _create(lock, {"owner": owner}):
+    return True
+  held, age = _read(lock), _age(lock)
+  if held is not None and held.get("owner") == owner:
+    return True  # ours: a retried create whose first answer was lost
+  if age is not None and age <= stale_seconds:
+    return False
+  if age is not None:
+    log.warning("Removing %s, left %.0f s ago by a run that died taking "
+                "the lease over.", lock, age)
+    storage.path(lock).unlink(missing_ok=True)
+  return _create(lock, {"owner": owner})

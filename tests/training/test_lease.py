@@ -1,5 +1,6 @@
 """One owner per workdir (training/lease.py)."""
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -7,6 +8,8 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from albert_jax import storage
 from albert_jax.training import lease as lease_lib
 from albert_jax.training import pretrain
+from locations import REPO  # pylint: disable=g-bad-import-order
 from training.test_resume import Run  # pylint: disable=g-bad-import-order
 from training.test_resume import fixture_dataset  # noqa: F401  pylint: disable=unused-import
 
@@ -253,3 +257,87 @@ def test_a_run_whose_lease_is_taken_over_stops_without_saving(tmp_path):
         param_paths=["w"], lease=held))
   assert mngr.all_steps() == [2, 4]
   held.stop.set()
+
+
+def test_one_of_many_takes_a_stale_lease_over(tmp_path):
+  """Hosts polling a dead host's lease find it stale at one moment: the
+  takeover is made under PATH.takeover, so one of them takes it over and
+  the others find it live; the takeover file is gone after."""
+  _leave_lease(tmp_path)
+  _age_lease(tmp_path, 500)
+  path = str(tmp_path / lease_lib.LEASE)
+  start = threading.Barrier(8)
+
+  def attempt(_):
+    start.wait()
+    try:
+      return lease_lib.take(path)
+    except lease_lib.WorkdirBusyError as e:
+      return e
+
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    got = list(pool.map(attempt, range(8)))
+  won = [g for g in got if isinstance(g, lease_lib.Lease)]
+  assert len(won) == 1, got
+  assert _held(tmp_path)["owner"] == won[0].owner
+  # The others name the stale owner (they judged it while it was taken
+  # over) or the new one.
+  assert {e.held.get("owner") for e in got if e not in won} <= {
+      "other", won[0].owner}
+  won[0].release()
+  assert not os.listdir(tmp_path)
+
+
+def test_a_takeover_left_by_a_dead_taker_goes_stale(tmp_path, caplog):
+  _leave_lease(tmp_path)
+  _age_lease(tmp_path, 500)
+  lock = tmp_path / (lease_lib.LEASE + lease_lib.TAKEOVER)
+  lock.write_text('{"owner": "a taker that died"}', encoding="utf-8")
+  with pytest.raises(lease_lib.WorkdirBusyError,
+                     match="is being taken over by another run this moment"):
+    lease_lib.acquire(str(tmp_path))
+  then = time.time() - 500
+  os.utime(lock, (then, then))
+  with caplog.at_level(logging.WARNING):
+    with lease_lib.acquire(str(tmp_path)):
+      assert _held(tmp_path)["pid"] == os.getpid()
+  assert f"Removing {lock}, left 500 s ago" in caplog.text
+  assert not lock.exists()
+
+
+def test_a_noted_record_kept_and_taken_over_by_name(tmp_path):
+  """A sweep's claim on a trial that failed: the failure noted, the file
+  kept when released, judged as any lease whose heartbeat stopped (live
+  until stale, its process alive); `over=` its owner takes it at once."""
+  path = str(tmp_path / "claim.json")
+  held = lease_lib.take(path)
+  held.note(failed=True)
+  held.release(keep=True)
+  record, age = lease_lib.look(path)
+  assert (record["failed"], record["owner"], record["pid"]) == (
+      True, held.owner, os.getpid())
+  assert 0 <= age < 60
+  with pytest.raises(lease_lib.WorkdirBusyError) as error:
+    lease_lib.take(path)
+  assert error.value.held["failed"] and error.value.age < 60
+  again = lease_lib.take(path, over=held.owner)
+  assert "failed" not in lease_lib.look(path)[0]
+  again.release()
+  assert lease_lib.look(path) is None and not os.listdir(tmp_path)
+
+
+def test_take_and_look_need_no_jax(tmp_path):
+  """The sweep takes its claims in a process that must not start JAX (its
+  trials need the host's chips): `take` and `look` import none of it."""
+  code = textwrap.dedent(f"""\
+      import sys
+      from albert_jax.training import lease
+      held = lease.take({str(tmp_path / "claim.json")!r})
+      print(lease.look(held.path)[0]["owner"] == held.owner)
+      held.release()
+      print([m for m in ("jax", "jaxlib") if m in sys.modules])
+      """)
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, check=True, cwd=REPO)
+  assert result.stdout == "True\n[]\n"
+  assert not os.listdir(tmp_path)
