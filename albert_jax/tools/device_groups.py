@@ -13,8 +13,12 @@ is the environment each platform documents, set on the trial's process:
   * NVIDIA GPUs: CUDA_VISIBLE_DEVICES=i,j.
   * A Cloud TPU VM: TPU_VISIBLE_CHIPS=i,j, the group's shape as
     TPU_CHIPS_PER_PROCESS_BOUNDS, TPU_PROCESS_BOUNDS=1,1,1 (one process, a
-    slice of its own), a port of its own, ALLOW_MULTIPLE_LIBTPU_LOAD (see
-    `tpu_env`). K counts chips; a v2 or v3 chip is two JAX devices.
+    slice of its own), a port of its own, ALLOW_MULTIPLE_LIBTPU_LOAD, and
+    the same one-host topology in the names the runtime reads for a host
+    (TPU_HOST_BOUNDS=1,1,1, TPU_CHIPS_PER_HOST_BOUNDS, TPU_WORKER_ID=0,
+    TPU_WORKER_HOSTNAMES=localhost), so that on a worker of a multi-host
+    slice the trial does not wait for the other workers (see `tpu_env`).
+    K counts chips; a v2 or v3 chip is two JAX devices.
   * CPU: no device to pin; refused.
 
 The devices are counted without claiming them: the parent never starts
@@ -28,8 +32,14 @@ the probe fails, or a dry run); `--num_devices=6` on eight GPUs splits the
 first six and leaves two idle, as a K that does not divide the devices
 would, which is refused rather than done unasked.
 
-One host only: on a multi-host TPU slice every trial needs all workers, and
-`--print_commands --launcher=tpu` runs them there one after another.
+On a multi-host TPU slice the same command runs on every worker, each
+splitting its own host's chips (the sweep's claims share the trials out,
+albert_jax/tools/sweep.py). A trial there without `--devices_per_trial`
+would be a process not pinned to its host's chips, which libtpu makes a
+member of the whole slice, waiting for the other workers: a command with
+trials to run refuses that (`refuse_a_slice`), the slice's workers counted
+from the metadata JAX reads them from. None of this has been run on a
+multi-host slice here; it follows the sources `tpu_env` cites.
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ import dataclasses
 import os
 import re
 import subprocess
-from typing import Mapping
+from typing import Callable, Mapping
+import urllib.request
 
 PLATFORMS = ("gpu", "tpu")
 _NOUN = {"gpu": "GPU", "tpu": "TPU chip"}
@@ -76,15 +87,33 @@ def tpu_env(chips: tuple[str, ...], group: int) -> dict[str, str]:
   (jax/_src/test_multiprocess.py: TPU_VISIBLE_CHIPS, TPU_PROCESS_PORT,
   TPU_PROCESS_ADDRESSES, CLOUD_TPU_TASK_ID, ALLOW_MULTIPLE_LIBTPU_LOAD,
   which libtpu needs to load in a second process of the host).
+
+  On a worker of a multi-host slice the runtime reads the slice's topology
+  from the VM's metadata and waits for every worker to join (as
+  pytorch/xla#7714 found running one worker of a pod); a process on a
+  subset of one host's chips says one host instead: TPU_HOST_BOUNDS=1,1,1
+  and the chips' shape as TPU_CHIPS_PER_HOST_BOUNDS, as Ray's TPU
+  accelerator manager sets them for a subset of a host
+  (ray/_private/accelerators/tpu.py, after jax-ml/jax#14977) and as that
+  issue's fix ran one worker alone; TPU_WORKER_ID=0 and
+  TPU_WORKER_HOSTNAMES=localhost complete the one-host picture, as a
+  maintainer there advised. TPU_SKIP_MDS_QUERY=1, which that advice also
+  gives, is not set: the runtime would then need the chips' type too
+  (TPU_ACCELERATOR_TYPE), which only the metadata names.
   """
   port = str(TPU_PORT + group)
+  shape = TPU_BOUNDS[len(chips)]
   return {"TPU_VISIBLE_CHIPS": ",".join(chips),
-          "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_BOUNDS[len(chips)],
+          "TPU_CHIPS_PER_PROCESS_BOUNDS": shape,
           "TPU_PROCESS_BOUNDS": "1,1,1",
           "TPU_PROCESS_PORT": port,
           "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
           "CLOUD_TPU_TASK_ID": "0",
-          "ALLOW_MULTIPLE_LIBTPU_LOAD": "true"}
+          "ALLOW_MULTIPLE_LIBTPU_LOAD": "true",
+          "TPU_HOST_BOUNDS": "1,1,1",
+          "TPU_CHIPS_PER_HOST_BOUNDS": shape,
+          "TPU_WORKER_ID": "0",
+          "TPU_WORKER_HOSTNAMES": "localhost"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +293,55 @@ def plan(per_trial: int | None, parallel: int | None,
   return (n if parallel is None else parallel), groups
 
 
+# A Cloud TPU VM's metadata: its slice's workers, as JAX reads them
+# (jax/_src/clusters/cloud_tpu_cluster.py).
+METADATA = ("http://{host}/computeMetadata/v1/instance/attributes/"
+            "worker-network-endpoints")
+
+
+def _slice_endpoints() -> str | None:
+  """This TPU VM's metadata `worker-network-endpoints`; None unanswered."""
+  host = os.environ.get("GCE_METADATA_IP", "metadata.google.internal")
+  request = urllib.request.Request(METADATA.format(host=host),
+                                   headers={"Metadata-Flavor": "Google"})
+  try:
+    with urllib.request.urlopen(request, timeout=5) as response:
+      return response.read().decode("utf-8", errors="replace")
+  except (OSError, ValueError):
+    return None
+
+
+def slice_workers(*, environ: Mapping[str, str] | None = None,
+                  dev: str = "/dev",
+                  endpoints: Callable[[], str | None] = _slice_endpoints
+                  ) -> int | None:
+  """How many hosts this TPU VM's slice has: the entries of
+  TPU_WORKER_HOSTNAMES (set on GKE), else of the VM's metadata
+  `worker-network-endpoints`, asked only where this host has TPU chips;
+  None where neither says (not a TPU VM, no metadata server)."""
+  environ = os.environ if environ is None else environ
+  listed = environ.get("TPU_WORKER_HOSTNAMES") or (
+      endpoints() if count_tpu_chips(dev) else None)
+  if not listed:
+    return None
+  return len([w for w in listed.split(",") if w.strip()])
+
+
+def refuse_a_slice(**probe) -> None:
+  """DeviceGroupError where this host is one worker of a multi-host TPU
+  slice, on which a trial not pinned to its chips would wait for every
+  worker to join it. `probe`: `slice_workers`'s keywords."""
+  workers = slice_workers(**probe)
+  if workers is not None and workers > 1:
+    raise DeviceGroupError(
+        f"this TPU VM is one of the {workers} workers of a slice, where a "
+        "trial not pinned to this host's chips waits for every worker to "
+        "join it; give --devices_per_trial=K (1, 2, 4 or 8 chips) and run "
+        "the same command on every worker, which share the trials out, or "
+        "run each trial on the whole slice with --print_commands "
+        "--launcher=tpu.")
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
   """--devices_per_trial, --platform and --num_devices, alike on every
   command that runs trials."""
@@ -273,8 +351,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
       "(CUDA_VISIBLE_DEVICES on NVIDIA GPUs; TPU_VISIBLE_CHIPS and its "
       "bounds on a TPU VM, K of 1, 2, 4 or 8 chips), a group going to the "
       "next trial when its trial ends; --parallel defaults to the number "
-      "of groups. One host only: on a multi-host TPU slice use "
-      "--print_commands --launcher=tpu.")
+      "of groups. On a multi-host TPU slice: the same command on every "
+      "worker, each splitting its own chips, the trials shared out.")
   add("--platform", choices=PLATFORMS, help="With --devices_per_trial: the "
       "accelerators, instead of probing for them (nvidia-smi -L, "
       "/dev/accel*, /dev/vfio).")

@@ -27,7 +27,9 @@ from locations import REPO
 PINS = ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS",
         "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
         "TPU_PROCESS_PORT", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+        "ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_HOST_BOUNDS",
+        "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
 FAKE_MAIN = f"PINS = {PINS!r}\n" + textwrap.dedent("""\
     import json, os, sys, time
@@ -456,13 +458,18 @@ def test_device_group_environments_for_gpus_and_tpu_chips():
       "TPU_VISIBLE_CHIPS": "2,3", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,2,1",
       "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": "8477",
       "TPU_PROCESS_ADDRESSES": "localhost:8477", "CLOUD_TPU_TASK_ID": "0",
-      "ALLOW_MULTIPLE_LIBTPU_LOAD": "true"}
+      "ALLOW_MULTIPLE_LIBTPU_LOAD": "true",
+      # One host, for a worker of a multi-host slice not to wait for the
+      # others.
+      "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "1,2,1",
+      "TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost"}
   assert v4.env(0)["TPU_PROCESS_ADDRESSES"] == "localhost:8476"
   # A v5e-8 (8 chips): halves of 2x2, single chips, the whole host.
   def v5e(k):
     return device_groups.DeviceGroups("tpu", tuple("01234567"), k)
   assert v5e(4).env(1)["TPU_VISIBLE_CHIPS"] == "4,5,6,7"
   assert v5e(4).env(1)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,2,1"
+  assert v5e(4).env(1)["TPU_CHIPS_PER_HOST_BOUNDS"] == "2,2,1"
   assert [v5e(1).env(g)["TPU_VISIBLE_CHIPS"] for g in range(8)] == list(
       "01234567")
   assert v5e(1).env(7)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,1,1"
@@ -610,6 +617,8 @@ def test_five_trials_reuse_two_tpu_groups(env, monkeypatch, no_pins):
         "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,2,1", "TPU_PROCESS_BOUNDS": "1,1,1",
         "TPU_PROCESS_PORT": port, "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
         "CLOUD_TPU_TASK_ID": "0", "ALLOW_MULTIPLE_LIBTPU_LOAD": "true",
+        "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "1,2,1",
+        "TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": None}
 
 
@@ -638,6 +647,35 @@ def test_failed_trials_are_reported_and_the_sweep_goes_on(env, capsys):
                      f"--main_module={env['fake']}"]) == 1
   assert [c[1] for c in _calls(root)[3:]] == [
       f"--workdir={root}/{bad}", f"--workdir={root}/{empty}"]
+
+
+def test_a_worker_of_a_multi_host_slice_needs_devices_per_trial(tmp_path):
+  """A TPU VM whose slice has several workers (its metadata, or GKE's
+  TPU_WORKER_HOSTNAMES, says so): a trial not pinned to its chips would
+  wait for all of them, and is refused in one line; one host, no chips or
+  no answer: nothing to refuse."""
+  dev = tmp_path / "dev"
+  dev.mkdir()
+  for i in range(4):
+    (dev / f"accel{i}").touch()
+  two = "w-0:uid0:10.0.0.2,w-1:uid1:10.0.0.3"
+  with pytest.raises(device_groups.DeviceGroupError) as error:
+    device_groups.refuse_a_slice(environ={}, dev=str(dev),
+                                 endpoints=lambda: two)
+  assert str(error.value) == (
+      "this TPU VM is one of the 2 workers of a slice, where a trial not "
+      "pinned to this host's chips waits for every worker to join it; give "
+      "--devices_per_trial=K (1, 2, 4 or 8 chips) and run the same command "
+      "on every worker, which share the trials out, or run each trial on "
+      "the whole slice with --print_commands --launcher=tpu.")
+  assert device_groups.slice_workers(
+      environ={"TPU_WORKER_HOSTNAMES": "a,b,c,d"}, dev=str(tmp_path)) == 4
+  for environ, where, endpoints in (
+      ({}, dev, lambda: "w-0:uid0:10.0.0.2"), ({}, dev, lambda: None),
+      ({}, tmp_path, lambda: two),  # no chips here: not asked
+      ({"TPU_WORKER_HOSTNAMES": "localhost"}, dev, lambda: two)):
+    device_groups.refuse_a_slice(environ=environ, dev=str(where),
+                                 endpoints=endpoints)
 
 
 def test_live_status_line_on_a_terminal(env, capsys, monkeypatch):
