@@ -64,11 +64,20 @@ The report (WORKDIR_ROOT/report.md and report.json, printed at the end):
     device-hours (those seconds × the devices the trial ran on), per task
     and in total, with this command's own wall time.
 
-On a multi-host TPU slice every trial runs on all workers:
+On a multi-host TPU slice the hosts run trials at once: the same command
+on every worker, WORKDIR_ROOT in gs://, `--devices_per_trial` splitting
+each host's chips (required there; the README gives the tpu_setup.sh ssh
+line). Each process claims a trial before it runs it (the sweep's claims,
+WORKDIR_ROOT/TASK/seed=K/claim.json, albert_jax/tools/sweep.py), so every
+trial runs once; one that fails is reported failed by every process of the
+run, and a later run of the command retries it. Each process writes the
+report (and submission/) only once every trial is done or failed,
+whichever host ran it: every copy is whole, the last written stands, and
+they differ only in this command's own wall time. A model too big for one
+host runs each trial on the whole slice, one after another:
 `--print_commands --launcher=tpu > suite.sh && bash suite.sh` runs them
-with tpu_setup.sh, one after another, each on the whole slice (trials in
-gs://); the same command without --print_commands then finds them done and
-writes the report. `--devices_per_trial` splits one host's devices only.
+with tpu_setup.sh; the same command without --print_commands then finds
+them done and writes the report.
 
 Submission (WORKDIR_ROOT/submission): for each GLUE task, the test-set
 files of its median seed (GLUE's file names: CoLA.tsv, MNLI-m.tsv, ...,

@@ -11,7 +11,7 @@ The ablations share `ablation`: the demo's pre-training as CONFIG and a
 
   python -m albert_jax.tools.sweep experiments/demo_lr.py[:arg] --workdir_root=DIR
   python -m albert_jax.tools.sweep experiments/demo_lr.py --workdir_root=gs://b/lr \
-      --print_commands --launcher=tpu > lr.sh && bash lr.sh   # on a pod
+      --print_commands --launcher=tpu > lr.sh && bash lr.sh   # a trial a slice
 
 Keys are checked against the base config first. Each trial runs `python -m
 albert_jax.main --config=CONFIG --workdir=DIR/NAME --config.k=v ...`, logging
@@ -30,6 +30,38 @@ TPU chips split into groups (albert_jax/tools/device_groups.py), with
 `--parallel` defaulting to the number of groups. Each trial's log then
 starts with the devices it ran on.
 
+Several processes may run the same command on one DIR at once, and share
+its trials out: each claims a trial before it runs it, DIR/NAME/claim.json
+(the lease of albert_jax/training/lease.py: created only if absent, a
+heartbeat every 30 s; beside the trial's own lease.json, which its trainer
+takes), skips the trials others hold, and when only those are left waits
+for them, saying which and who holds them, looking again every 15 s. A
+claim whose process died is taken over 180 s after its last heartbeat (at
+once where its process was on this host) and its trial resumes from its
+checkpoints. A trial that fails leaves its claim marked failed: a process
+that started before the failure reports it failed without running it
+again, one started after it (a later run of the command) retries it; the
+claim's age is by the storage's clock, the process's running time by its
+own, and no two hosts' clocks are compared. Each process ends when every
+trial is done or failed, whichever process ran it, and then writes
+results.md, whole (the downstream suite's report likewise; the last
+written stands).
+
+On a multi-host TPU slice that is how its hosts run trials at once: the
+same command on every worker, DIR in gs://, each host's chips split with
+`--devices_per_trial` (required there: a trial not pinned to one host's
+chips would wait for the whole slice, and is refused), e.g. with each
+worker's output in logs/lr.HOST.log:
+
+  bash tpu_setup.sh ssh --name=$TPU_NAME --zone=$ZONE -- 'cd albert_jax && \
+      . .venv/bin/activate && mkdir -p logs && nohup python -m \
+      albert_jax.tools.sweep experiments/demo_lr.py --workdir_root=gs://b/lr \
+      --devices_per_trial=1 > logs/lr.$(hostname).log 2>&1 < /dev/null &'
+
+A model too big for one host runs each trial on the whole slice instead,
+one after another: `--print_commands --launcher=tpu` above. The trials'
+one-host TPU environment has not been run on a multi-host slice here.
+
 DIR is local (`~` expanded) or gs://BUCKET/PATH. Under gs:// a trial logs
 into ./sweep_logs/NAME.log while it runs (followed live on a terminal) and
 the log is copied to DIR/NAME/sweep.log when it ends. Sweep and config files
@@ -41,6 +73,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
@@ -60,6 +93,7 @@ from etils import epath
 from albert_jax import hints
 from albert_jax import storage
 from albert_jax.tools import device_groups
+from albert_jax.training import lease as lease_lib
 
 Trial = dict[str, Any]
 
@@ -321,42 +355,190 @@ def run_trial(cmd: list[str], workdir: str, log: epath.Path, prefix: str,
   return "failed", metrics
 
 
+################################################################################
+# Claims: which process of the command runs which trial.
+################################################################################
+
+CLAIM = "claim.json"
+# How often a process with nothing to run looks again at the trials others
+# hold (seconds).
+POLL_SECONDS = 15.0
+# A claim goes stale later than its trial's own lease.json: its trainer
+# beats up to a heartbeat after the claim's last beat, so a process taking
+# a dead host's claim over finds that host's trainer lease stale too, and
+# its trainer is not refused.
+CLAIM_STALE_SECONDS = lease_lib.STALE_SECONDS + 2 * lease_lib.HEARTBEAT_SECONDS
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """The claims' clocks (tests shorten them): `poll` seconds between looks
+  at trials held elsewhere; a claim `stale` after that long without a
+  heartbeat, written every `heartbeat` seconds."""
+  poll: float = POLL_SECONDS
+  stale: float = CLAIM_STALE_SECONDS
+  heartbeat: float = lease_lib.HEARTBEAT_SECONDS
+
+
+def _holder(path: str, held: dict) -> str:
+  """Who holds the claim `path` (its record `held`), for people: "pid 12 on
+  w-1"."""
+  if "pid" in held:
+    return lease_lib.describe(held, None)
+  return (f"an unreadable claim, {path}: if no process of the command runs "
+          "that trial and the file stays unreadable, delete it")
+
+
+def claim(workdir: str, timing: Timing, since: float):
+  """Claims the trial in `workdir` for this process, unless it is done.
+
+  A claim marked failed was left by a process whose trial failed: since
+  `since` (this process's start, by `time.monotonic`), a failure of this
+  run, reported and not run again; before it, an earlier run's, retried.
+  Its age is by the storage's clock and compared with a duration here: no
+  two hosts' clocks are compared.
+
+  Returns:
+    ("run", lease) where this process is to run it; ("done", metrics);
+    ("failed", holder) where another process of this run failed it;
+    ("held", holder) where another process runs it.
+  """
+  if (metrics := read_metrics(workdir)) is not None:
+    return "done", metrics
+  storage.path(workdir).mkdir(parents=True, exist_ok=True)
+  path = f"{workdir}/{CLAIM}"
+  def this_run(held, age):
+    return held.get("failed") and age < time.monotonic() - since
+  over = None
+  if (seen := lease_lib.look(path)) is not None and seen[0].get("failed"):
+    if this_run(*seen):
+      return "failed", _holder(path, seen[0])
+    over = seen[0].get("owner")
+  try:
+    held = lease_lib.take(
+        path, over=over, heartbeat_seconds=timing.heartbeat,
+        stale_seconds=timing.stale, taken_says="the trial it runs goes on "
+        "(the trial's own lease.json lets one trainer train).")
+  except lease_lib.WorkdirBusyError as e:
+    failed = this_run(e.held, e.age or 0.0)
+    return ("failed" if failed else "held"), _holder(path, e.held)
+  # Finished and released in the moment between the look and the claim.
+  if (metrics := read_metrics(workdir)) is not None:
+    held.release()
+    return "done", metrics
+  return "run", held
+
+
+def _runner(parallel: int, devices: device_groups.DeviceGroups | None):
+  """The function that runs one trial's `run_trial` arguments: pinned to a
+  free device group, or with 1/parallel of an accelerator's memory."""
+  if devices is None:
+    if parallel == 1:
+      return lambda trial_args: run_trial(*trial_args)
+    env = ({} if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ else
+           {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"})
+    return lambda trial_args: run_trial(*trial_args, env=env, live=False)
+  free = queue.SimpleQueue()
+  for group in range(len(devices.groups)):
+    free.put(group)
+  def run(trial_args):
+    group = free.get()
+    try:
+      return run_trial(*trial_args, env=devices.env(group),
+                       live=None if parallel == 1 else False,
+                       devices=devices.label(group))
+    finally:
+      free.put(group)
+  return run
+
+
 def _run_all(todo, parallel: int, status: dict, metrics: dict,
-             devices: device_groups.DeviceGroups | None = None) -> None:
-  """Runs the trials of `todo` [(name, run_trial args)], `parallel` at once,
-  filling `status` and `metrics`.
+             devices: device_groups.DeviceGroups | None = None,
+             timing: Timing = Timing(), starting=lambda name: None) -> None:
+  """Runs the trials of `todo` [(name, run_trial args)] that no other
+  process of the command has claimed, `parallel` at once, filling `status`
+  and `metrics` for every one; returns when each is done or failed.
 
   Without `devices` every trial sees every device, with 1/parallel of an
   accelerator's memory. With them a trial takes a free group from a queue,
   is pinned to it, and puts it back when it ends: one trial per group at any
   time, whatever `parallel` is (more than the groups would only wait).
+
+  Each trial is claimed (`claim`) before it runs; the claim is released
+  when it ends ok, and when it fails it is left in place, marked failed,
+  so that the other processes of this run report the failure rather than
+  run the trial again (a later run retries it). A trial held elsewhere is
+  looked at again every `timing.poll` seconds, while this process has
+  nothing else to run, until it is done, failed or its claim goes stale
+  (then it is taken over here). `starting(name)` is called as this process
+  starts a trial.
   """
-  if parallel == 1 and devices is None:
-    for name, trial_args in todo:
-      status[name], metrics[name] = run_trial(*trial_args)
-    return
-  if devices is None:
-    env = ({} if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ else
-           {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"})
-    def run(trial_args):
-      return run_trial(*trial_args, env=env, live=False)
-  else:
-    free = queue.SimpleQueue()
-    for group in range(len(devices.groups)):
-      free.put(group)
-    def run(trial_args):
-      group = free.get()
-      try:
-        return run_trial(*trial_args, env=devices.env(group),
-                         live=None if parallel == 1 else False,
-                         devices=devices.label(group))
-      finally:
-        free.put(group)
-  with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-    futures = {name: pool.submit(run, trial_args)
-               for name, trial_args in todo}
-    for name, future in futures.items():
-      status[name], metrics[name] = future.result()
+  run = _runner(parallel, devices)
+  def start(name, trial_args):
+    starting(name)
+    return run(trial_args)
+  since = time.monotonic()
+  by_name, pending = dict(todo), dict(todo)
+  running, said = {}, None
+  prefix = {name: trial_args[3] for name, trial_args in todo}
+  try:
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+      while pending or running:
+        held = {}
+        for name in list(pending):
+          if len(running) == parallel:
+            break
+          workdir = pending[name][1]
+          kind, got = claim(workdir, timing, since)
+          if kind == "held":
+            held[name] = got
+            continue
+          trial_args = pending.pop(name)
+          if kind == "run":
+            running[pool.submit(start, name, trial_args)] = (name, got)
+          elif kind == "done":
+            status[name], metrics[name] = "done", got
+            print(f"{prefix[name]}: done by another process of the command")
+          else:
+            status[name], metrics[name] = "failed", None
+            print(f"{prefix[name]}: FAILED in {got}; not run again here (a "
+                  f"rerun of the command retries it; its log: "
+                  f"{workdir}/sweep.log)")
+        if not running:
+          if held:
+            line = (f"waiting for {len(held)} trial(s) other processes of "
+                    "the command run: " + ", ".join(
+                        f"{n} ({h})" for n, h in held.items())
+                    + f"; looking again every {timing.poll:g} s")
+            if line != said:
+              print(line, flush=True)
+              said = line
+            time.sleep(timing.poll)
+          continue
+        ended, _ = concurrent.futures.wait(
+            running, timeout=timing.poll if pending else None,
+            return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in ended:
+          name, held_claim = running[future]
+          outcome = future.result()
+          del running[future]
+          if outcome[0] == "failed" and held_claim.lost:
+            # Another process took the trial over (this one's claim went
+            # stale while it stalled): the trial is theirs to settle.
+            held_claim.release()
+            pending[name] = by_name[name]
+            print(f"{prefix[name]}: its claim was taken over by another "
+                  "process of the command, which runs it now")
+            continue
+          status[name], metrics[name] = outcome
+          if status[name] == "failed":
+            held_claim.note(failed=True)
+          held_claim.release(keep=status[name] == "failed")
+  finally:
+    # Left here by an error or an interrupt, once the pool has waited for
+    # the trials: theirs are given back, to be run or found done again.
+    for _, held_claim in running.values():
+      held_claim.release()
 
 
 def results_table(trials: Mapping[str, Trial], status: Mapping[str, str],
@@ -414,9 +596,13 @@ def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
                main_module: str = "albert_jax.main",
                print_commands: bool = False, launcher: str = "local",
                results_only: bool = False,
-               devices: device_groups.DeviceGroups | None = None
+               devices: device_groups.DeviceGroups | None = None,
+               timing: Timing | None = None
                ) -> tuple[dict[str, str], dict[str, dict | None]]:
-  """Runs every trial that is not done, `parallel` at a time.
+  """Runs every trial that is not done, `parallel` at a time, each claimed
+  first (`claim`), so that the same command run by several processes on
+  one root (the workers of a TPU slice) runs each trial once; returns when
+  every trial is done or failed, whichever process ran it.
 
   Args:
     trials: name → (base config spec, overrides); each runs in ROOT/NAME
@@ -427,14 +613,18 @@ def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
     print_commands, launcher: print one command per trial (done ones
       commented out) and run nothing.
     results_only: run nothing; read what is done.
+    timing: the claims' clocks (`Timing`'s defaults where None).
 
   Returns:
-    (status, metrics): per trial "done" (skipped), "ok", "failed" or
+    (status, metrics): per trial "done" (skipped, or run by another
+    process), "ok", "failed" (here, or by another process of this run) or
     "missing" (not run), and its final_metrics.json (None where none).
 
   Raises:
-    SweepError: a damaged final_metrics.json, or done trials whose recorded
-      arguments differ from these (`other_arguments`).
+    SweepError: a damaged final_metrics.json, done trials whose recorded
+      arguments differ from these (`other_arguments`), or trials to run
+      unpinned on a worker of a multi-host TPU slice
+      (`device_groups.refuse_a_slice`).
   """
   python = "python" if print_commands else sys.executable
   launch = launch_command(main_module, python)
@@ -473,11 +663,18 @@ def run_trials(trials: Mapping[str, tuple[str, Trial]], root: str, *,
     print(line)
   if print_commands:
     return status, metrics
-  for name, (cmd, workdir, _, _) in todo:
-    storage.path(workdir).mkdir(parents=True, exist_ok=True)
-    storage.write_atomic(storage.path(workdir) / ARGS_FILE, json.dumps(
-        _recorded_args(cmd[len(launch):])))
-  _run_all(todo, parallel, status, metrics, devices)
+  if todo and devices is None:
+    try:
+      device_groups.refuse_a_slice()
+    except device_groups.DeviceGroupError as e:
+      raise SweepError(str(e)) from None
+  recorded = {name: (workdir, _recorded_args(cmd[len(launch):]))
+              for name, (cmd, workdir, _, _) in todo}
+  def starting(name):
+    workdir, args = recorded[name]
+    storage.write_atomic(storage.path(workdir) / ARGS_FILE, json.dumps(args))
+  _run_all(todo, parallel, status, metrics, devices, timing or Timing(),
+           starting)
   return status, metrics
 
 

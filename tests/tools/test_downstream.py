@@ -20,7 +20,9 @@ import time
 import pytest
 
 from albert_jax.tools import downstream
+from albert_jax.tools import sweep
 from locations import REPO
+from test_sweep import start_together
 
 FAKE_MAIN = textwrap.dedent("""\
     # A trainer that writes what albert_jax.main's fine-tuning writes: its
@@ -370,15 +372,38 @@ def test_a_killed_suite_resumes_with_only_the_killed_trial(env):
   proc.wait()
   assert not (env["root"] / "report.json").exists()
   assert [c[0] for c in _calls(env["root"])] == ["rte/seed=0", "rte/seed=1"]
+  # The killed command's claim on its trial is left; its process is gone,
+  # so the rerun takes it over at once rather than when it goes stale.
+  claim = env["root"] / "rte" / "seed=1" / sweep.CLAIM
+  assert json.loads(claim.read_text())["pid"] == proc.pid
   result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)},
                           check=False)
   assert result.returncode == 0, result.stderr
+  assert (f"Taking over {claim} from pid {proc.pid} on " in result.stderr
+          and "its process is gone" in result.stderr), result.stderr
+  assert not claim.exists()
   assert [c[0] for c in _calls(env["root"])] == [
       "rte/seed=0", "rte/seed=1", "rte/seed=1", "mrpc/seed=0", "mrpc/seed=1"]
   assert "rte/seed=0: done, skipped" in result.stdout
   report = json.loads((env["root"] / "report.json").read_text())
   assert report["tasks"]["rte"]["finished"] == [0, 1]
+
+
+def test_two_processes_write_whole_reports(env, tmp_path):
+  """The suite run by two processes at once on one root, as on two hosts
+  of a slice: each trial runs once, and each process writes the report
+  only when every trial is done, whichever ran it: both are whole."""
+  argv = _argv(env, "--suite=rte,stsb", "--seeds=2")
+  ran = start_together(tmp_path, "downstream", argv, FAKE_SLEEP="0.2")
+  assert [rc for rc, _, _ in ran] == [0, 0], ran
+  assert sorted(c[0] for c in _calls(env["root"])) == [
+      "rte/seed=0", "rte/seed=1", "stsb/seed=0", "stsb/seed=1"]
+  report = json.loads((env["root"] / "report.json").read_text())
+  assert {name: task["finished"] for name, task in report["tasks"].items()
+          } == {"rte": [0, 1], "stsb": [0, 1]}
+  for _, out, _ in ran:
+    assert out.count(" | 2/2 | ") == 2, out
 
 
 def test_the_bundled_suite_is_the_demos_fine_tune_over_seeds():

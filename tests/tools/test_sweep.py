@@ -6,6 +6,10 @@ final_metrics.json, so a whole sweep takes well under a second. It also
 records when it ran and the device-pinning variables it was given, from
 which the device-group tests check that no two trials held one group at
 once (the groups of a fake host said with --platform and --num_devices).
+The claims (several processes of one command sharing its trials out, as the
+hosts of a TPU slice do) are checked with two processes of the command
+started together through DRIVER, and with claims written by hand for
+another host.
 """
 
 import collections
@@ -15,6 +19,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -60,6 +66,52 @@ FAKE_MAIN = f"PINS = {PINS!r}\n" + textwrap.dedent("""\
           k: os.environ.get(k) for k in PINS}}, f)
     print("fake main done")
     """)
+
+
+# `python DRIVER SYNC MODULE ARGS...`: albert_jax.tools.MODULE's command,
+# its claims looked at again every 0.05 s rather than 15. It starts when the
+# test says so (SYNC.go), after saying it is ready (SYNC.PID), so that
+# processes started together begin together; at the end it names the JAX
+# backends it started: none, or it would hold the chips its trials need
+# (JAX itself is imported, by the base configs the command validates).
+DRIVER = textwrap.dedent("""\
+    import importlib, os, sys, time
+    from albert_jax.tools import sweep
+    run_trials = sweep.run_trials
+    def quick(*args, **kwargs):
+      return run_trials(*args, timing=sweep.Timing(poll=0.05), **kwargs)
+    sweep.run_trials = quick
+    sync, module, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    command = importlib.import_module("albert_jax.tools." + module)
+    open(f"{sync}.{os.getpid()}", "w").close()
+    while not os.path.exists(sync + ".go"):
+      time.sleep(0.01)
+    rc = command.main(argv)
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    print("jax backends:", sorted(getattr(bridge, "_backends", {})))
+    sys.exit(rc)
+    """)
+
+
+def start_together(tmp_path, module, argv, n=2, **env):
+  """`n` processes of `python -m albert_jax.tools.MODULE ARGV`, started
+  together (DRIVER); their (return code, stdout, stderr)."""
+  driver, sync = tmp_path / "driver.py", tmp_path / "sync"
+  driver.write_text(DRIVER)
+  procs = [subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, str(driver), str(sync), module, *argv], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, "PYTHONPATH": str(REPO), **env})
+           for _ in range(n)]
+  deadline = time.monotonic() + 60
+  while len(list(tmp_path.glob("sync.*"))) < n:
+    assert all(p.poll() is None for p in procs), [p.communicate()
+                                                  for p in procs]
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  (tmp_path / "sync.go").touch()
+  outs = [p.communicate(timeout=120) for p in procs]
+  return [(p.returncode, *out) for p, out in zip(procs, outs)]
 
 
 @pytest.fixture(name="env")
@@ -647,6 +699,120 @@ def test_failed_trials_are_reported_and_the_sweep_goes_on(env, capsys):
                      f"--main_module={env['fake']}"]) == 1
   assert [c[1] for c in _calls(root)[3:]] == [
       f"--workdir={root}/{bad}", f"--workdir={root}/{empty}"]
+
+
+# Claims: one command run by several processes on one root.
+
+
+def _statuses(out, names):
+  """name → status in the results table `out` printed."""
+  rows = dict(re.findall(r"^\| (\S+) \| (\w+) \|", out, re.M))
+  return {name: rows.get(name) for name in names}
+
+
+def test_two_processes_share_the_trials_out(env, tmp_path):
+  """The same sweep started twice at once on one root, as on two hosts of
+  a slice: every trial runs once in all, the failing one too; each process
+  waits for the other's trials, reports every trial, ok where it ran it,
+  done or failed where the other did, and exits 1 for the failure; neither
+  starts a JAX backend. A later run retries the failed trial alone."""
+  root = env["root"]
+  path = _lr_sweep(env, [0.001, 0.002, 0.1, 0.003])
+  names = [f"optimizer.learning_rate={lr},model.share=none"
+           for lr in ("0.001", "0.002", "0.1", "0.003")]
+  bad = names[2]
+  argv = [path, f"--workdir_root={root}", f"--main_module={env['fake']}"]
+  ran = start_together(tmp_path, "sweep", argv, FAKE_SLEEP="0.2")
+  assert [rc for rc, _, _ in ran] == [1, 1], ran
+  runs = collections.Counter(c[1] for c in _calls(root))
+  assert runs == {f"--workdir={root}/{name}": 1 for name in names}
+  seen = [_statuses(out, names) for _, out, _ in ran]
+  for name in names:
+    both = sorted(s[name] for s in seen)
+    assert both == (["failed", "failed"] if name == bad else ["done", "ok"])
+  for _, out, err in ran:
+    assert out.endswith("jax backends: []\n"), err
+  # The file written last is as whole as either.
+  assert _statuses((root / "results.md").read_text(), names) in seen
+  # The failed trial's claim is left, marked failed; a later run retries
+  # that trial alone.
+  assert json.loads((root / bad / sweep.CLAIM).read_text())["failed"]
+  assert sweep.main(argv) == 1
+  assert [c[1] for c in _calls(root)[4:]] == [f"--workdir={root}/{bad}"]
+
+
+def _other_host(workdir, **fields):
+  """Writes a claim on the trial in `workdir` held by a process on another
+  host, heartbeat now."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / sweep.CLAIM).write_text(json.dumps({
+      "owner": "theirs", "host": "another-host", "pid": 4242,
+      "started": time.time(), "heartbeat": time.time(), **fields}))
+
+
+def _run(env, path, stale=sweep.CLAIM_STALE_SECONDS):
+  config, trials = sweep.load_sweep(path)
+  return sweep.run_trials(
+      {name: (config, trial) for name, trial in trials.items()},
+      str(env["root"]), main_module=env["fake"],
+      timing=sweep.Timing(poll=0.05, stale=stale))[0]
+
+
+def test_a_claim_held_elsewhere_is_waited_for_then_taken_over_stale(
+    env, capsys, caplog):
+  """Another host's live claim on a trial: the other trials run, then the
+  process waits, saying for what once, until the claim goes stale (its
+  heartbeat stopped: that host died), takes it over and runs the trial."""
+  root, path = env["root"], _lr_sweep(env, [0.001, 0.002])
+  held, free = (f"optimizer.learning_rate={lr},model.share=none"
+                for lr in ("0.001", "0.002"))
+  _other_host(root / held)
+  start = time.monotonic()
+  assert _run(env, path, stale=1.0) == {held: "ok", free: "ok"}
+  assert time.monotonic() - start > 1.0  # not before it went stale
+  out = capsys.readouterr().out
+  assert out.count("waiting for") == 1, out
+  assert (f"waiting for 1 trial(s) other processes of the command run: "
+          f"{held} (pid 4242 on another-host); looking again every "
+          "0.05 s\n") in out
+  assert [c[1] for c in _calls(root)] == [f"--workdir={root}/{free}",
+                                          f"--workdir={root}/{held}"]
+  assert re.search(r"Taking over \S+/claim.json from pid 4242 on "
+                   r"another-host \(heartbeat 1 s ago\): its heartbeat is "
+                   "stale", caplog.text), caplog.text
+  assert not (root / held / sweep.CLAIM).exists()  # released: ok
+
+
+def test_another_hosts_failure_is_reported_until_a_later_run(env, capsys):
+  """Another host runs a trial and it fails during this run: this process,
+  which waited for it, reports it failed and does not run it; a later run
+  of the command (the record older than its start) retries it."""
+  root, path = env["root"], _lr_sweep(env, [0.001])
+  name = "optimizer.learning_rate=0.001,model.share=none"
+  _other_host(root / name)
+  threading.Timer(0.3, _other_host, [root / name], {"failed": True}).start()
+  assert _run(env, path) == {name: "failed"}
+  out = capsys.readouterr().out
+  assert (f"[1/1] {name}: FAILED in pid 4242 on another-host; not run again "
+          f"here (a rerun of the command retries it; its log: "
+          f"{root}/{name}/sweep.log)") in out
+  assert not _calls(root)
+  assert _run(env, path) == {name: "ok"}
+  assert len(_calls(root)) == 1
+
+
+def test_an_unreadable_claim_is_held_until_stale_naming_the_file(env,
+                                                                 capsys):
+  root, path = env["root"], _lr_sweep(env, [0.001])
+  name = "optimizer.learning_rate=0.001,model.share=none"
+  (root / name).mkdir(parents=True)
+  (root / name / sweep.CLAIM).write_text("{not json")
+  assert _run(env, path, stale=0.5) == {name: "ok"}
+  assert (f"waiting for 1 trial(s) other processes of the command run: "
+          f"{name} (an unreadable claim, {root}/{name}/{sweep.CLAIM}: if no "
+          "process of the command runs that trial and the file stays "
+          "unreadable, delete it); looking again every 0.05 s\n"
+          ) in capsys.readouterr().out
 
 
 def test_a_worker_of_a_multi_host_slice_needs_devices_per_trial(tmp_path):

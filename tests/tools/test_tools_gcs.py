@@ -6,7 +6,12 @@ The sweep launches a fake trainer that writes its final_metrics.json through
 from the fake workdirs test_report builds.
 """
 
+import concurrent.futures
+import os
+import socket
 import textwrap
+import threading
+import time
 
 from locations import CONFIGS
 import pytest
@@ -67,6 +72,25 @@ def test_sweep_runs_into_a_gcs_workdir_root(gcs_bucket, tmp_path,
   out = capsys.readouterr().out
   assert f"[1/2] {names[0]}: done, skipped" in out
   assert f"[2/2] {names[1]}: done, skipped" in out
+
+
+def test_two_processes_claim_one_gcs_trial_once(gcs_bucket):
+  """Two hosts claim one trial at the same moment: of the two creates (the
+  precondition ifGenerationMatch=0), one succeeds; the other is told who
+  holds the trial. Its release deletes the claim."""
+  workdir = f"{gcs_bucket}/lr/seed=1"
+  start = threading.Barrier(2)
+
+  def attempt(_):
+    start.wait()
+    return sweep.claim(workdir, sweep.Timing(), time.monotonic())
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    got = dict(pool.map(attempt, range(2)))
+  assert sorted(got) == ["held", "run"]
+  assert got["held"] == f"pid {os.getpid()} on {socket.gethostname()}"
+  got["run"].release()
+  assert not storage.path(f"{workdir}/{sweep.CLAIM}").exists()
 
 
 def test_sweep_files_must_be_local(gcs_bucket):
