@@ -282,17 +282,20 @@ def test_the_lease_reads_an_outage_as_an_outage(tmp_path, monkeypatch,
     return record
 
   monkeypatch.setattr(lease, "_read", read)
-  stop, taken = threading.Event(), threading.Event()
+  held = lease.Lease(path, "me", threading.Event(), None, record=record)
   beat = threading.Thread(target=lease._beat,  # pylint: disable=protected-access
-                          args=(path, record, stop, taken, 0.01, time.time))
+                          args=(held, 0.01, "this run stops."))
   with caplog.at_level(logging.WARNING):
     beat.start()
-    while len(reads) < 4:
+    deadline = time.monotonic() + 30
+    while len(reads) < 4 and beat.is_alive():
+      assert time.monotonic() < deadline, reads
       time.sleep(0.01)
-    stop.set()
+    held.stop.set()
     beat.join()
-  assert not taken.is_set()
-  assert caplog.text.count(f"The heartbeat of the lease on {tmp_path} was "
+  assert len(reads) >= 4, reads  # the heartbeat went on beating
+  assert not held.taken.is_set()
+  assert caplog.text.count(f"The heartbeat of the lease {path} was "
                            "not written") == 2
 
 
