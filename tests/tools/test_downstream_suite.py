@@ -209,7 +209,6 @@ def check_trials(root, names):
 REAL = ("rte", "squad2.0")
 
 
-@pytest.mark.long
 def test_every_task_on_mock_data(tiny_hf, tmp_path, monkeypatch):
   """Every GLUE task and SQuAD v1.1/v2.0 through the command (RTE and
   SQuAD v2.0 as its own trial processes, two at a time; the rest run
