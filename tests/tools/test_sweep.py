@@ -84,7 +84,10 @@ DRIVER = textwrap.dedent("""\
     sync, module, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     command = importlib.import_module("albert_jax.tools." + module)
     open(f"{sync}.{os.getpid()}", "w").close()
+    deadline = time.monotonic() + 120
     while not os.path.exists(sync + ".go"):
+      if time.monotonic() > deadline:
+        sys.exit("the test never said go")
       time.sleep(0.01)
     rc = command.main(argv)
     bridge = sys.modules.get("jax._src.xla_bridge")
@@ -103,14 +106,20 @@ def start_together(tmp_path, module, argv, n=2, **env):
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "PYTHONPATH": str(REPO), **env})
            for _ in range(n)]
-  deadline = time.monotonic() + 60
-  while len(list(tmp_path.glob("sync.*"))) < n:
-    assert all(p.poll() is None for p in procs), [p.communicate()
-                                                  for p in procs]
-    assert time.monotonic() < deadline
-    time.sleep(0.01)
-  (tmp_path / "sync.go").touch()
-  outs = [p.communicate(timeout=120) for p in procs]
+  try:
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("sync.*"))) < n:
+      assert all(p.poll() is None for p in procs), [p.communicate()
+                                                    for p in procs]
+      assert time.monotonic() < deadline
+      time.sleep(0.01)
+    (tmp_path / "sync.go").touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+  finally:  # none outlives a failure
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
   return [(p.returncode, *out) for p, out in zip(procs, outs)]
 
 
