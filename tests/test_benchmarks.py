@@ -303,6 +303,7 @@ def test_memory_table_keeps_the_cpu_estimate_off_the_tpu_table(tmp_path):
   assert markdown.read_bytes() == before
 
 
+@pytest.mark.long
 def test_memory_table_compiles_a_cpu_case_and_resumes(tmp_path):
   """One XLA:CPU compile; accumulation 2 is skipped once 1 fits."""
   out, markdown = tmp_path / "records.jsonl", tmp_path / "table.md"

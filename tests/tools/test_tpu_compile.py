@@ -136,7 +136,10 @@ def _tiny(mesh, **model):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("mesh", ["fsdp", "tensor"])
+# The tensor-parallel mesh in the long tier: its rules are the same code
+# path (test_sharding trains on such a mesh on CPU in the default tier).
+@pytest.mark.parametrize("mesh", [
+    "fsdp", pytest.param("tensor", marks=pytest.mark.long)])
 def test_albert_step_compiles_for_a_v5e_slice(mesh):
   """FSDP: gathered parameters, reduce-scattered gradients; tensor: a
   split vocabulary that needs padding. The data mesh (replicated state,

@@ -177,6 +177,7 @@ def test_take_over_flag_and_the_old_owner_lets_go(workdir, caplog):
   assert _gone(workdir)
 
 
+@pytest.mark.long  # a CLI run; the refusal itself: the tests above
 def test_a_second_training_run_on_a_busy_workdir_is_refused(dataset,
                                                             tmp_path):
   """The journey: a run (held at step 8 by a hook) owns its workdir; the
