@@ -1,5 +1,6 @@
 """albert_jax.tools.downstream end to end with the real trainer, on TFDS's
-mock data: every GLUE task, SQuAD v1.1 and v2.0, then RACE; the reports
+mock data: every GLUE task, SQuAD v1.1 and v2.0, then RACE, then the bundled
+tasks (the demo's, from the repository's files); the reports
 recomputed by hand from the trials' own final_metrics.json, each trial's
 prediction files and the submission files checked. Seeds, medians over them
 and reruns are tested on a fake trainer (test_downstream.py); the RACE
@@ -183,6 +184,8 @@ PREDICTIONS = {
     "squad2.0": {"predictions.json", "nbest_predictions.json",
                  "null_odds.json"},
     "race": set(),
+    **{t: {"eval_predictions.tsv", "test_predictions.tsv"}
+       for t in ("source", "spam")},
 }
 
 
@@ -217,7 +220,7 @@ def test_every_task_on_mock_data(tiny_hf, tmp_path, monkeypatch):
   the printed table and GLUE score, the submission folder (every GLUE file,
   in index order; RTE's the 6 mock rows, labels by name, the trial's bytes).
   Then RACE (all: high and middle dev, test): run here, reported by the
-  command, each dev set scored."""
+  command, each dev set scored. Then the bundled suite likewise."""
   monkeypatch.chdir(REPO)  # as the command runs: configs/ relative
   root = tmp_path / "runs"
   names = downstream.parse_suite("glue,squad")
@@ -267,3 +270,16 @@ def test_every_task_on_mock_data(tiny_hf, tmp_path, monkeypatch):
   for part in ("high", "middle", "all"):  # RACE's dev sets, each scored
     assert any(k.startswith("eval_") and part in k for k in final), final
   assert "| race | acc " in result.stdout and report["glue"] is None
+  # The bundled suite (the demo's two labelled tasks, from the repository's
+  # own files, each cut by the trial's seed into its workdir): run here,
+  # reported by the command, dev accuracy scored and test accuracy beside.
+  root = tmp_path / "bundled"
+  run_here(tiny_hf, root, ["source", "spam"])
+  result = run_real(tiny_hf, root, "bundled", 1, 1)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  for name in ("source", "spam"):
+    assert f"] {name}/seed=0: done, skipped" in result.stdout, result.stdout
+    assert f"| {name} | acc " in result.stdout, result.stdout
+  report = check_real_report(root, ["source", "spam"], 1)
+  check_trials(root, ["source", "spam"])
+  assert report["glue"] is None
