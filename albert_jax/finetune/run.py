@@ -171,7 +171,8 @@ def _fine_tune(config, r: run_setup.Run) -> dict[str, Any]:
   # Model and optimizer.
   ##############################################################################
   objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
-  tx, schedule = optim.make(config, setup.model_config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps,
+                            setup.model_config)
 
   ##############################################################################
   # Train state: restored from the workdir, or created sharded with the

@@ -206,7 +206,8 @@ def compile_train_step(config, *, fast: bool = True,
         f"({data_parallel}) × accumulation_steps ({acc}).")
   platform = mesh.devices.flat[0].platform
   target = compile_targets.for_config(config, platform, stand_in_16bit)
-  tx, schedule = optim.make(config, target.model_config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps,
+                            target.model_config)
   start = time.perf_counter()
   init = state_lib.state_init_fn(target.init_params, tx)
   # Tracing cuDNN attention (init traces the model too) asks for cuDNN's

@@ -94,7 +94,7 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   spec = run_spec.run_spec(config)
   objective = spec.objective
-  tx, schedule = optim.make(config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps)
 
   ##############################################################################
   # Train state: restored from the workdir, or created sharded.

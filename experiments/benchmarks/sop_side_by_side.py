@@ -216,7 +216,7 @@ class SideBySide:
           {k: torch.as_tensor(np.array(v)) for k, v in state.items()},
           strict=False)
       self.reference.tie_weights()
-    tx, schedule = optim.make(c)
+    tx, schedule = optim.make(c.optimizer, c.num_train_steps)
     self.objective = run.objective
     self.step_fn = jax.jit(
         step_lib.make_train_step(run.objective, tx, schedule),

@@ -312,7 +312,7 @@ def write_workdir(path, causal, fast_compile, seed=7):
   if causal:
     config.pretraining = "causal_lm"
   spec = run_spec.run_spec(config)
-  tx, _ = optim.make(config)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   init = state_lib.state_init_fn(spec.init_params, tx)
 
   def unboxed(rng):

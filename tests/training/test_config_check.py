@@ -191,7 +191,7 @@ def test_any_override_either_passes_every_start_check_or_is_one_line(changes):
     assert "\n" not in str(e) and str(e).startswith(("config.", "model."))
     return
   assert ModelConfig.from_dict(c.model).vocab_size >= 1
-  optimizer.make(c)
+  optimizer.make(c.optimizer, c.num_train_steps)
   for key in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps",
               "accumulation_steps"):
     assert 1 % c[key] in (0, 1)  # no ZeroDivisionError
