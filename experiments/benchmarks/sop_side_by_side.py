@@ -185,8 +185,11 @@ class SideBySide:
 
   def __init__(self, c, workdir: str, init: str = "albert_jax",
                compiler_options: dict | None = None):
-    tokenizer = run_tokenizer.ensure(c, workdir)
-    data_dir = pipeline.ensure_dataset(c, workdir, tokenizer)
+    tokenizer = run_tokenizer.ensure(c.data, workdir,
+                                     vocab_size=c.model.vocab_size,
+                                     seed=c.seed)
+    data_dir = pipeline.ensure_dataset(c.data, workdir, tokenizer,
+                                       seed=c.seed)
     vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
 
     def loader(split, seed):

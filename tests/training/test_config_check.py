@@ -206,18 +206,19 @@ def test_an_objective_other_than_the_prepared_datas_is_refused(
   c = load("tiny")
   c.data.data_dir, c.data.max_seq_length, c.data.objective = data_dir, 32, "nsp"
   with pytest.raises(ValueError) as e:
-    pipeline.ensure_dataset(c, "/unused", None)
+    pipeline.ensure_dataset(c.data, "/unused", None, seed=c.seed)
   assert str(e.value) == (
       f"{data_dir} was prepared for data.objective='sop' but "
       "config.data.objective is 'nsp': its sentence labels mean something "
       "else. Set --config.data.objective=sop, or prepare the data again with "
       "--objective nsp.")
   c.data.objective = "sop"
-  assert pipeline.ensure_dataset(c, "/unused", None) == data_dir
+  assert pipeline.ensure_dataset(c.data, "/unused", None,
+                                 seed=c.seed) == data_dir
   # Prepared one instance per row: a packed run's batches would not match.
   c.data.pack = 3
   with pytest.raises(ValueError) as e:
-    pipeline.ensure_dataset(c, "/unused", None)
+    pipeline.ensure_dataset(c.data, "/unused", None, seed=c.seed)
   assert str(e.value) == (
       f"{data_dir} was prepared with pack=0 but config.data.pack is 3; set "
       "--config.data.pack=0, or prepare the data again with --pack 3.")
