@@ -370,7 +370,8 @@ def report(config, device_memory_gib: float | None = None,
   result["fits"] = compile_report.fits(result["total"], device_memory_gib,
                                        headroom)
   result["device_memory_gib"] = device_memory_gib
-  print(compile_report.format_report(config, result, device_memory_gib,
-                                     headroom),
+  print(compile_report.format_report(
+      compile_report.StepShape.from_config(config), result,
+      device_memory_gib, headroom),
         file=file or sys.stdout, flush=True)
   return result
