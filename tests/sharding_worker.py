@@ -75,7 +75,7 @@ def spec_and_optimizer(c):
   from albert_jax.training import optimizer as optim  # pylint: disable=g-import-not-at-top
   from albert_jax.training import run_spec  # pylint: disable=g-import-not-at-top
   spec = run_spec.run_spec(c)
-  tx, schedule = optim.make(c)
+  tx, schedule = optim.make(c.optimizer, c.num_train_steps)
   return spec, tx, schedule
 
 

@@ -111,8 +111,8 @@ def workdir(tmp_path):
 
 
 def data_config(corpus, vocab_size=VOCAB, tokenizer_path="", **data):
-  """The trainer's config, as far as `run_tokenizer.ensure` and
-  `pipeline.ensure_dataset` read it."""
+  """The trainer's config, as far as `ensure_tokenizer` and
+  `ensure_dataset` read it."""
   config = ml_collections.ConfigDict(defaults.upgrade(dict(
       seed=0, model=dict(vocab_size=vocab_size),
       data=dict(corpus=str(corpus), format="sentences",
@@ -122,6 +122,19 @@ def data_config(corpus, vocab_size=VOCAB, tokenizer_path="", **data):
                 num_workers=1))))
   config.data.update(data)
   return config
+
+
+def ensure_tokenizer(config, workdir):
+  """`run_tokenizer.ensure` as the trainer calls it with `config`."""
+  return run_tokenizer.ensure(config.data, workdir,
+                              vocab_size=config.model.vocab_size,
+                              seed=config.seed)
+
+
+def ensure_dataset(config, workdir, tokenizer):
+  """`pipeline.ensure_dataset` as the trainer calls it with `config`."""
+  return pipeline.ensure_dataset(config.data, workdir, tokenizer,
+                                 seed=config.seed)
 
 
 def cli(*args, cwd=REPO, timeout=300):
@@ -327,7 +340,7 @@ def test_empty_corpus(tokenizer, tmp_path):
   with pytest.raises(ValueError, match=(
       r"Cannot train a tokenizer on config\.data\.corpus=.*empty\.txt.*No "
       r"usable sentences.*Point config\.data\.corpus at UTF-8 text")):
-    run_tokenizer.ensure(data_config(empty), str(tmp_path / "run"))
+    ensure_tokenizer(data_config(empty), str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run" / "spm" / "spiece.model")
   assert not list((tmp_path / "run" / "spm").glob("*.partial.*"))
   # ... or preparing it with a tokenizer given.
@@ -335,13 +348,13 @@ def test_empty_corpus(tokenizer, tmp_path):
   with pytest.raises(ValueError, match=(
       r"Nothing to train on: config\.data\.corpus=.*empty\.txt.* holds no "
       r"documents\. Check config\.data\.corpus and config\.data\.format")):
-    pipeline.ensure_dataset(config, str(tmp_path / "run"), tokenizer)
+    ensure_dataset(config, str(tmp_path / "run"), tokenizer)
   assert not os.path.exists(tmp_path / "run" / "data" / "dataset.json")
   # A corpus that matches no file at all.
   with pytest.raises(FileNotFoundError, match=(
       r"config\.data\.corpus=.*nothing-\*\.txt.*No files match")):
-    run_tokenizer.ensure(data_config(tmp_path / "nothing-*.txt"),
-                         str(tmp_path / "run"))
+    ensure_tokenizer(data_config(tmp_path / "nothing-*.txt"),
+                     str(tmp_path / "run"))
   assert empty.read_text(encoding="utf-8") == "\n \n\n"
 
 
@@ -354,11 +367,11 @@ def test_single_sentence_documents(tokenizer, lines, tmp_path):
       r"all \d+ documents of config\.data\.corpus=.*single sentence.*at least "
       r"2 sentences\. Add documents of several sentences.*"
       r"--config\.data\.objective=none")):
-    pipeline.ensure_dataset(config, str(tmp_path / "run"), tokenizer)
+    ensure_dataset(config, str(tmp_path / "run"), tokenizer)
   assert not os.listdir(tmp_path / "run" / "data")  # no partial dataset
   # The suggested fix works.
   config.data.objective = "none"
-  out = pipeline.ensure_dataset(config, str(tmp_path / "run"), tokenizer)
+  out = ensure_dataset(config, str(tmp_path / "run"), tokenizer)
   meta = json.loads((tmp_path / "run" / "data" / "dataset.json").read_text())
   assert out.endswith("data") and meta["splits"]["train"]["instances"] > 0
   assert corpus.read_text(encoding="utf-8") == text
@@ -372,12 +385,12 @@ def test_non_utf8_lines_are_skipped_and_counted(lines, tmp_path, caplog):
   config = data_config(corpus)
   # The tokenizer is trained on the rest, with a summary that counts.
   with caplog.at_level(logging.WARNING):
-    tok = run_tokenizer.ensure(config, str(tmp_path / "run"))
+    tok = ensure_tokenizer(config, str(tmp_path / "run"))
   assert ("Skipped 2 line(s) that are not UTF-8, 0 line(s) over "
           f"{documents_lib.MAX_LINE_BYTES} bytes") in caplog.text
   caplog.clear()
   with caplog.at_level(logging.WARNING):
-    pipeline.ensure_dataset(config, str(tmp_path / "run"), tok)
+    ensure_dataset(config, str(tmp_path / "run"), tok)
   text = caplog.text
   assert f"{corpus}:1" in text and f"{corpus}:{len(lines) + 3}" in text
   assert "Skipped 2 line(s) that are not UTF-8" in text
@@ -399,12 +412,12 @@ def test_megabyte_lines(lines, tmp_path, caplog):
                     encoding="utf-8")
   config = data_config(corpus)
   with caplog.at_level(logging.WARNING):
-    tok = run_tokenizer.ensure(config, str(tmp_path / "run"))
+    tok = ensure_tokenizer(config, str(tmp_path / "run"))
   assert ("Skipped 0 line(s) that are not UTF-8, 1 line(s) over "
           f"{documents_lib.MAX_LINE_BYTES} bytes") in caplog.text
   caplog.clear()
   with caplog.at_level(logging.WARNING):
-    data = pipeline.ensure_dataset(config, str(tmp_path / "run"), tok)
+    data = ensure_dataset(config, str(tmp_path / "run"), tok)
   assert "line longer than" in caplog.text
   meta = json.loads((tmp_path / "run" / "data" / "dataset.json").read_text())
   assert meta["read"]["skipped_long_lines"] == 1
@@ -432,7 +445,7 @@ def test_missing_tokenizer_file(tmp_path):
       r"config\.data\.tokenizer '.*nope/spiece\.model' does not exist; give "
       r"the path of a SentencePiece \.model .*or leave config\.data\."
       r"tokenizer empty to train one in the workdir")):
-    run_tokenizer.ensure(config, str(tmp_path / "run"))
+    ensure_tokenizer(config, str(tmp_path / "run"))
 
 
 def test_tokenizer_from_file_missing_is_file_not_found(tmp_path):
@@ -452,15 +465,15 @@ def test_corrupt_tokenizer_file(tokenizer, tmp_path, damage):
       r"config\.data\.tokenizer '.*spiece\.model' cannot be read as a "
       r"tokenizer \(.*\); it is damaged or not a SentencePiece \.model.*"
       r"Give the path of a SentencePiece \.model")):
-    run_tokenizer.ensure(config, str(tmp_path / "run"))
+    ensure_tokenizer(config, str(tmp_path / "run"))
   # The workdir's own tokenizer, damaged: the message says how to recover.
   (tmp_path / "run" / "spm").mkdir(parents=True)
   (tmp_path / "run" / "spm" / "spiece.model").write_bytes(path.read_bytes())
   with pytest.raises(ValueError, match=(
       r"The workdir's tokenizer .* cannot be read.*Delete it \(and the "
       r"workdir's data/\) to train a new one")):
-    run_tokenizer.ensure(data_config(tmp_path / "corpus.txt"),
-                         str(tmp_path / "run"))
+    ensure_tokenizer(data_config(tmp_path / "corpus.txt"),
+                     str(tmp_path / "run"))
 
 
 def test_wordpiece_vocab_with_a_repeated_line(tmp_path):

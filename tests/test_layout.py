@@ -1,5 +1,6 @@
 """The package's shape: stages as folders in data-flow order, each importing
-only the stages before it; no import cycles, no shims.
+only the stages before it; no import cycles, no shims; below the drivers,
+stages take their section of a run's config, not the whole of it.
 
 Read statically (ast), so function-level imports count too: a cycle hidden
 behind a lazy import is still a cycle.
@@ -234,3 +235,152 @@ def test_a_family_import_from_outside_is_caught():
       "albert_jax.finetune.registry",
       "albert_jax.finetune.tasks.tagging.ner imports "
       "albert_jax.finetune.serving.fine_tuned"]
+
+
+# Where a run's config becomes the sections and typed objects the stages
+# take: these modules may take the whole config (`config`) and read any of
+# its fields. Every other module is a stage: a function of it with a
+# parameter `config` reads at most one top-level section or field of a run's
+# config (`config.optimizer`, `config.seed`), so what a stage reads is in
+# its signature.
+DRIVERS = {
+    "albert_jax.main": "the command line: loads, checks and runs a config",
+    "albert_jax.training.pretrain": "runs a pre-training config",
+    "albert_jax.finetune.run": "runs a fine-tuning config",
+    "albert_jax.finetune.after_pretraining": "runs a pre-training config's "
+                                             "fine-tuning stage",
+    "albert_jax.training.run_setup": "what every run does around loop.fit",
+    "albert_jax.training.run_spec": "a pre-training config → its RunSpec",
+    "albert_jax.training.config_check": "checks every field of a config",
+    "albert_jax.training.recipe": "records and compares every field",
+    "albert_jax.training.defaults": "fills in every field a config lacks",
+    "albert_jax.tools.sweep": "runs a config per point of a sweep",
+    "albert_jax.tools.summary": "describes a whole config",
+    "albert_jax.tools.report": "reports on a run's recorded config",
+    "albert_jax.tools.cross_eval": "evaluates by a run's recorded config",
+    "albert_jax.tools.compile_only": "--compile_only's run: main hands it "
+                                     "the config, as it does pretrain.run",
+}
+# Functions of stage modules that are drivers themselves.
+DRIVER_FUNCTIONS = {
+    "albert_jax.tools.compile_targets.for_config": (
+        "the dispatcher: a config → pretrain's RunSpec or finetune's "
+        "sections"),
+    "albert_jax.interop.workdir.load": (
+        "a workdir's recorded config.json → its model, through run_spec"),
+}
+# And every `from_config`: a stage's typed options (loop.LoopOptions,
+# starting_point.StartOptions, ...), built from the config once, by the
+# stage that owns them.
+BUILDERS = "from_config"
+
+
+def _top_level_fields() -> set[str]:
+  """The top-level sections and fields of every shipped config."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from locations import CONFIGS  # pylint: disable=g-import-not-at-top
+  fields = set()
+  for path in sorted(CONFIGS.glob("*.py")):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fields |= set(module.get_config(None).keys())
+  return fields
+
+
+def _functions(node, prefix=""):
+  """(qualified name, def) of every function in `node`, methods and nested
+  functions included."""
+  for child in ast.iter_child_nodes(node):
+    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      yield prefix + child.name, child
+      yield from _functions(child, f"{prefix}{child.name}.")
+    elif isinstance(child, ast.ClassDef):
+      yield from _functions(child, f"{prefix}{child.name}.")
+
+
+def _config_reads(fn) -> set[str]:
+  """The names `fn` reads off its `config`: config.X, config["X"],
+  config.get("X"), getattr(config, "X")."""
+  def is_config(n):
+    return isinstance(n, ast.Name) and n.id == "config"
+
+  def constant(n):
+    return n.value if isinstance(n, ast.Constant) and isinstance(
+        n.value, str) else None
+
+  names = set()
+  for n in ast.walk(fn):
+    if isinstance(n, ast.Attribute) and is_config(n.value):
+      names.add(n.attr)
+    elif isinstance(n, ast.Subscript) and is_config(n.value):
+      names.add(constant(n.slice))
+    elif isinstance(n, ast.Call) and n.args:
+      f = n.func
+      if (isinstance(f, ast.Attribute) and f.attr == "get"
+          and is_config(f.value)):
+        names.add(constant(n.args[0]))
+      elif (isinstance(f, ast.Name) and f.id == "getattr"
+            and is_config(n.args[0]) and len(n.args) > 1):
+        names.add(constant(n.args[1]))
+  names.discard(None)
+  return names
+
+
+def _whole_config_readers(modules, fields: set[str]) -> list[str]:
+  """Stage functions that take a `config` and read more than one of its
+  top-level `fields`, as "module.function: fields"."""
+  bad = []
+  for name, tree in modules.items():
+    if name in DRIVERS:
+      continue
+    for qualname, fn in _functions(tree):
+      if (fn.name == BUILDERS
+          or f"{name}.{qualname}" in DRIVER_FUNCTIONS):
+        continue
+      args = fn.args
+      if "config" not in {a.arg for a in (args.posonlyargs + args.args
+                                          + args.kwonlyargs)}:
+        continue
+      read = sorted(_config_reads(fn) & fields)
+      if len(read) > 1:
+        bad.append(f"{name}.{qualname}: {', '.join(read)}")
+  return bad
+
+
+def test_stages_take_their_section_not_the_whole_config():
+  """Below the drivers, a stage takes its section of the config or a typed
+  object built from it: `optimizer.make(config.optimizer,
+  config.num_train_steps)`, `loop.fit(LoopOptions.from_config(config),
+  plan)`, not `make(config)`."""
+  bad = _whole_config_readers(_modules(), _top_level_fields())
+  assert not bad, ("take the section, or a typed object built by a "
+                   "`from_config`:\n" + "\n".join(bad))
+
+
+def test_a_stage_reading_the_whole_config_is_caught():
+  fields = {"optimizer", "num_train_steps", "data", "seed"}
+  modules = {
+      "albert_jax.training.optimizer": ast.parse(
+          "def make(config, model_config=None):\n"
+          "  o = config.optimizer\n"
+          "  return o, config['num_train_steps']\n"
+          "def make_ok(config, num_train_steps):\n"
+          "  return config.name, config.b1, num_train_steps\n"),
+      "albert_jax.data.pipeline": ast.parse(
+          "class Options:\n"
+          "  @classmethod\n"
+          "  def from_config(cls, config):\n"
+          "    return cls(config.data, config.seed)\n"
+          "  def __init__(self, config):\n"
+          "    self.seed = getattr(config, 'seed')\n"
+          "    def inner():\n"
+          "      return config.get('data')\n"),
+      "albert_jax.training.pretrain": ast.parse(
+          "def run(config):\n  return config.data, config.seed\n"),
+      "albert_jax.tools.compile_targets": ast.parse(
+          "def for_config(config):\n  return config.data, config.seed\n"),
+  }
+  assert _whole_config_readers(modules, fields) == [
+      "albert_jax.training.optimizer.make: num_train_steps, optimizer",
+      "albert_jax.data.pipeline.Options.__init__: data, seed"]

@@ -96,48 +96,53 @@ def split_file(path: str, out_dir: str,
   return result
 
 
-def split_files(config, out_dir: str, write: bool) -> dict | None:
-  """Points `config.data`'s train/eval/test files at
+def split_files(data, out_dir: str, write: bool, *, seed: int
+                ) -> dict | None:
+  """Points the `config.data` section `data`'s train/eval/test files at
   `out_dir/{train,eval,test}.<ext>`, the stratified split of
-  `data.split_from` (`split_file`), which `write` writes there.
+  `data.split_from` (`split_file`: `data.split_fractions`,
+  `data.label_column`, `seed`, the run's `config.seed`), which `write`
+  writes there.
 
   Returns:
     split → {"path", "rows", "labels"} where written, else None.
   """
-  source = config.data.split_from
+  source = data.split_from
   if source.startswith("bundled/"):
     # A file shipped inside the package, not a user path.
     source = os.path.join(os.path.dirname(os.path.dirname(__file__)),
                           "data", source)
   parts = split_file(
-      source, out_dir, tuple(config.data.split_fractions), seed=config.seed,
-      label_column=config.data.label_column) if write else None
+      source, out_dir, tuple(data.split_fractions), seed=seed,
+      label_column=data.label_column) if write else None
   suffix = tabular.file_format(source) + (
       ".gz" if source.endswith(".gz") else "")
-  with config.unlocked():
+  with data.unlocked():
     for name in ("train", "eval", "test"):
-      config.data[f"{name}_file"] = os.fspath(
+      data[f"{name}_file"] = os.fspath(
           storage.path(out_dir) / (name + suffix))
   return parts
 
 
-def split_in_workdir(config, workdir: str) -> None:
-  """With `config.data.split_from` (a labelled TSV/CSV/JSONL file;
-  "bundled/..." names one shipped in albert_jax/data/bundled), cuts it into
-  stratified WORKDIR/data/{train,eval,test} files (`data.split_fractions`,
-  seed `config.seed`) and points `config.data`'s files at them; nothing
-  without. The fine-tuning run calls it holding the workdir's lease, so a
-  second launch never rewrites the files a running one reads; the first
-  process writes, every process waits for it."""
-  if not config.data.get("split_from"):
+def split_in_workdir(data, workdir: str, *, seed: int) -> None:
+  """With `data.split_from` in a run's `config.data` section `data` (a
+  labelled TSV/CSV/JSONL file; "bundled/..." names one shipped in
+  albert_jax/data/bundled), cuts it into stratified
+  WORKDIR/data/{train,eval,test} files (`data.split_fractions`, seed
+  `config.seed`) and points `data`'s files at them; nothing without. The
+  fine-tuning run calls it holding the workdir's lease, so a second launch
+  never rewrites the files a running one reads; the first process writes,
+  every process waits for it."""
+  if not data.get("split_from"):
     return
   out_dir = os.fspath(storage.path(workdir) / "data")
-  parts = split_files(config, out_dir, write=jax.process_index() == 0)
+  parts = split_files(data, out_dir, write=jax.process_index() == 0,
+                      seed=seed)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices("finetune data split")
   if parts is not None:
-    log.info("Split %s into %s.", config.data.split_from, ", ".join(
+    log.info("Split %s into %s.", data.split_from, ", ".join(
         f"{k} {v['rows']} rows {v['labels']}" for k, v in parts.items()))
 
 
@@ -145,16 +150,17 @@ def split_in_workdir(config, workdir: str) -> None:
 DATA_FILES = ("data.train_file", "data.eval_file", "data.test_file")
 
 
-def check_data(config, workdir: str) -> None:
+def check_data(data, workdir: str, *, seed: int) -> None:
   """Refuses to rerun a fine-tuning workdir on other data than its run's.
 
   A run's checkpoints, predictions and final_metrics.json belong to the data
   it read: rerun on other files, a finished run used to re-evaluate, report
   "Fine-tuned on <new file>" and rewrite final_metrics.json. The files'
   fingerprints in the workdir's recipe (`recipe.RECIPE`) are compared with
-  those of the files `config` names; with `data.split_from` not yet split,
-  with those of its split, cut into a temporary directory on this machine,
-  so nothing in the workdir is written (and every process decides alike).
+  those of the files the run's `config.data` section `data` names; with
+  `data.split_from` not yet split, with those of its split (by `seed`, the
+  run's `config.seed`), cut into a temporary directory on this machine, so
+  nothing in the workdir is written (and every process decides alike).
 
   Raises:
     recipe.RecipeError: one line naming the workdir, the data it was
@@ -167,15 +173,14 @@ def check_data(config, workdir: str) -> None:
   was = kept.get("files") if isinstance(kept.get("files"), dict) else {}
   if not any(k in was for k in DATA_FILES):
     return  # a TFDS task: no data files
-  data = config.data
   if data.get("split_from") and not data.get("train_file"):
     import tempfile  # pylint: disable=g-import-not-at-top
     with tempfile.TemporaryDirectory() as tmp:
-      split = config.copy_and_resolve_references()
-      split_files(split, tmp, write=True)
-      now = recipe.recipe(split, workdir)["files"]
+      split = data.copy_and_resolve_references()
+      split_files(split, tmp, write=True, seed=seed)
+      now = recipe.data_files(split, workdir)
   else:
-    now = recipe.recipe(config, workdir)["files"]
+    now = recipe.data_files(data, workdir)
   if all(was.get(k) == now.get(k) for k in DATA_FILES):
     return
   recorded = _recorded_data(workdir)

@@ -145,17 +145,21 @@ def run(config, workdir: str,
   config_check.check(config, choices=registry.config_choices())
   workdir = storage.as_str(workdir)
   storage.refuse_links_out(workdir)
-  data_files.check_data(config, workdir)  # before the cut rewrites WORKDIR/data
+  _check_data(config, workdir)  # before the cut rewrites WORKDIR/data
   run_setup.prepare_workdir(workdir)
   with (contextlib.nullcontext(lease) if lease is not None
         else run_setup.leased(config, workdir)) as held:
-    data_files.split_in_workdir(config, workdir)
+    data_files.split_in_workdir(config.data, workdir, seed=config.seed)
     return _started(config, workdir, held)
 
 
+def _check_data(config, workdir: str) -> None:
+  """`data_files.check_data` of `config`'s data section and seed."""
+  data_files.check_data(config.data, workdir, seed=config.seed)
+
+
 def _started(config, workdir: str, lease) -> dict[str, Any]:
-  with run_setup.start(config, workdir, lease=lease,
-                       check=data_files.check_data,
+  with run_setup.start(config, workdir, lease=lease, check=_check_data,
                        choices=registry.config_choices()) as r:
     return _fine_tune(config, r)
 
@@ -171,7 +175,8 @@ def _fine_tune(config, r: run_setup.Run) -> dict[str, Any]:
   # Model and optimizer.
   ##############################################################################
   objective = TaskObjective(setup.spec.model, setup.task, setup.lm_weight)
-  tx, schedule = optim.make(config, setup.model_config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps,
+                            setup.model_config)
 
   ##############################################################################
   # Train state: restored from the workdir, or created sharded with the
@@ -235,8 +240,10 @@ def _setup(config) -> _Setup:
   """The task, the starting model (`encoder_start`) and the training and
   eval splits, tokenised."""
   task = registry.make_task(config.data.task, config.data)
-  model_config, encoder, tokenizer = start_lib.encoder_start(config)
-  lm_weight = start_lib.lm_aux_weight(config, model_config)
+  start = start_lib.StartOptions.from_config(config)
+  model_config, encoder, tokenizer = start_lib.encoder_start(start)
+  lm_weight = start_lib.lm_aux_weight(start.lm_aux_weight, model_config,
+                                      start.init)
   seq_len = config.data.max_seq_length
   # Before reading the data. A config written before `pack` existed ran
   # one example a row, and a resumed run keeps doing so (`defaults`).

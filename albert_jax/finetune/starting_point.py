@@ -4,9 +4,10 @@ each other, and placed into the task model's parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +21,57 @@ from albert_jax.text import tokenizer as tokenizer_lib
 log = logging.getLogger(__name__)
 
 
-def lm_aux_weight(config, model_config: ModelConfig | None = None) -> float:
+@dataclasses.dataclass(frozen=True)
+class StartOptions:
+  """What a fine-tune starts from, read once from its config.
+
+  Attributes:
+    init: `config.init`, the pre-trained checkpoint (an albert_jax
+      workdir, HF directory or official TF release); "" for random weights.
+    model: `config.model`, field → value; None keeps the checkpoint's.
+    tokenizer: `config.data.tokenizer`; "" for the checkpoint's own.
+    reinit_pooler: `config.reinit_pooler`: the pooler starts from random
+      values, not the checkpoint's.
+    lm_aux_weight: `config.lm_aux_weight` as given (`lm_aux_weight`
+      checks it).
+  """
+  init: str
+  model: Mapping[str, Any]
+  tokenizer: str
+  reinit_pooler: bool
+  lm_aux_weight: Any
+
+  @classmethod
+  def from_config(cls, config) -> StartOptions:
+    """The options of a fine-tuning config.
+
+    Reads: init, model, data.tokenizer, reinit_pooler, lm_aux_weight.
+    """
+    return cls(init=config.init, model=dict(config.model.items()),
+               tokenizer=config.data.get("tokenizer") or "",
+               reinit_pooler=config.reinit_pooler,
+               lm_aux_weight=config.lm_aux_weight)
+
+  @property
+  def overrides(self) -> dict[str, Any]:
+    """`model`'s set fields, which override the checkpoint's."""
+    return {k: v for k, v in self.model.items() if v is not None}
+
+
+def lm_aux_weight(weight, model_config: ModelConfig | None = None,
+                  init: str = "") -> float:
   """`config.lm_aux_weight`, checked.
+
+  Args:
+    weight: the value of `config.lm_aux_weight`.
+    model_config: the model it is for, if known.
+    init: `config.init`, which the error for a bidirectional model names
+      ("": `config.model`).
 
   Raises:
     ValueError: not a finite number >= 0, or, given `model_config`, > 0 on
       a bidirectional model.
   """
-  weight = config.lm_aux_weight
   if (isinstance(weight, bool) or not isinstance(weight, (int, float))
       or not math.isfinite(weight) or weight < 0):
     raise ValueError(
@@ -37,7 +81,7 @@ def lm_aux_weight(config, model_config: ModelConfig | None = None) -> float:
   if weight > 0 and model_config is not None and not model_config.causal:
     raise ValueError(
         f"config.lm_aux_weight={weight} adds GPT-1's next-token loss, which "
-        f"needs a causal (GPT) model, and {config.init or 'config.model'} "
+        f"needs a causal (GPT) model, and {init or 'config.model'} "
         "is bidirectional (model.causal=False): each token sees the one it "
         "would predict. Fine-tune a causal model (the workdir of a "
         "config.pretraining='causal_lm' run, e.g. configs/gpt_small.py) or "
@@ -73,52 +117,52 @@ def check_tokenizer(tokenizer, own, model_config: ModelConfig, path: str,
         "use the checkpoint's own.")
 
 
-def encoder_start(config) -> tuple[ModelConfig, Any, Any]:
+def encoder_start(start: StartOptions) -> tuple[ModelConfig, Any, Any]:
   """(model config, pre-trained encoder params or None, tokenizer).
 
   The encoder params are the checkpoint's embeddings, encoder and pooler
-  (not the pooler with `config.reinit_pooler`: it then starts from random
+  (not the pooler with `start.reinit_pooler`: it then starts from random
   values, as the task head does), plus its "lm" head where
-  `config.lm_aux_weight` > 0 (and it has one).
+  `start.lm_aux_weight` > 0 (and it has one).
   """
-  overrides = {k: v for k, v in config.model.items() if v is not None}
-  lm_aux = lm_aux_weight(config) > 0
-  if config.init:
+  overrides = start.overrides
+  lm_aux = lm_aux_weight(start.lm_aux_weight) > 0
+  if start.init:
     from albert_jax.finetune.serving.load_pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
-    pre = load_pretrained(config.init, **overrides)
-    lm_aux_weight(config, pre.model_config)
-    if pre.tokenizer is None and not config.data.get("tokenizer"):
+    pre = load_pretrained(start.init, **overrides)
+    lm_aux_weight(start.lm_aux_weight, pre.model_config, start.init)
+    if pre.tokenizer is None and not start.tokenizer:
       raise ValueError(
-          f"{config.init} has no tokenizer; set config.data.tokenizer to its "
+          f"{start.init} has no tokenizer; set config.data.tokenizer to its "
           "SentencePiece .model, vocab.txt or tokenizer.json.")
     tokenizer = pre.tokenizer
-    if config.data.get("tokenizer"):
-      tokenizer = run_tokenizer.load(config.data.tokenizer,
+    if start.tokenizer:
+      tokenizer = run_tokenizer.load(start.tokenizer,
                                      "config.data.tokenizer",
                                      run_tokenizer.CONFIGURED_FIX)
       check_tokenizer(tokenizer, pre.tokenizer, pre.model_config,
-                      config.data.tokenizer, config.init)
-    reinit = config.reinit_pooler
+                      start.tokenizer, start.init)
+    reinit = start.reinit_pooler
     parts = (("embeddings", "encoder") + (() if reinit else ("pooler",))
              + (("lm",) if lm_aux else ()))
     encoder = {k: pre.params[k] for k in parts if k in pre.params}
     if reinit:
       log.info("config.reinit_pooler: the pooler starts from random values, "
-               "not %s's.", config.init)
+               "not %s's.", start.init)
     elif "pooler" not in encoder:
       log.warning("%s has no pooler weights; the pooler starts from random "
-                  "values.", config.init)
+                  "values.", start.init)
     return pre.model_config, encoder, tokenizer
-  if not config.data.get("tokenizer"):
+  if not start.tokenizer:
     raise ValueError(
         "Set config.init to a pre-trained checkpoint (albert_jax workdir, HF "
         "directory or official ALBERT release) or, to fine-tune from random "
         "weights, config.data.tokenizer plus the full config.model.")
   log.warning("config.init is empty: fine-tuning from random weights.")
   model_config = ModelConfig.from_dict(overrides)
-  lm_aux_weight(config, model_config)
+  lm_aux_weight(start.lm_aux_weight, model_config, start.init)
   return model_config, None, run_tokenizer.load(
-      config.data.tokenizer, "config.data.tokenizer",
+      start.tokenizer, "config.data.tokenizer",
       run_tokenizer.CONFIGURED_FIX)
 
 

@@ -134,32 +134,40 @@ def find(config: Mapping[str, Any], workdir: str) -> Tokenizer | None:
   return None
 
 
-def ensure(config, workdir: str) -> Tokenizer:
+def ensure(data, workdir: str, *, vocab_size: int, seed: int) -> Tokenizer:
   """The configured tokenizer, or one trained into the workdir on first use.
+
+  Args:
+    data: the run's `config.data` section: tokenizer (a path; empty: the
+      workdir's own), else tokenizer_type, corpus and format, which the
+      workdir's is trained by.
+    workdir: the run's workdir (local or gs://).
+    vocab_size: `config.model.vocab_size`, which the tokenizer must have.
+    seed: `config.seed`, a trained tokenizer's.
 
   Raises:
     FileNotFoundError: config.data.tokenizer or the corpus does not exist.
     ValueError: the tokenizer file is damaged, the corpus has no usable
       text, or the vocabulary size disagrees with model.vocab_size.
   """
-  if config.data.tokenizer:
-    tok = load(config.data.tokenizer, "config.data.tokenizer", CONFIGURED_FIX)
+  if data.tokenizer:
+    tok = load(data.tokenizer, "config.data.tokenizer", CONFIGURED_FIX)
   else:
-    path = workdir_path(config.data, workdir)
+    path = workdir_path(data, workdir)
     if storage.path(path).exists():
       tok = load(path, "The workdir's tokenizer",
                  "delete it (and the workdir's data/) to train a new one, or "
                  "start in a new workdir.")
     else:
-      tok = _train(config, path)
-  problem = tokenizer_lib.misfit(tok, config.model.vocab_size, exact=True)
+      tok = _train(data, path, vocab_size=vocab_size, seed=seed)
+  problem = tokenizer_lib.misfit(tok, vocab_size, exact=True)
   if problem:
     raise ValueError(f"The tokenizer {problem} (model.vocab_size); set "
                      f"--config.model.vocab_size={tok.vocab_size}.")
   return tok
 
 
-def _train(config, path: str) -> Tokenizer:
+def _train(data, path: str, *, vocab_size: int, seed: int) -> Tokenizer:
   """Trains the workdir's tokenizer, atomically.
 
   The vocabulary is trained under a temporary name and renamed into place,
@@ -168,10 +176,13 @@ def _train(config, path: str) -> Tokenizer:
   trains again. Cloud Storage has no rename: there every object is written
   whole and the file that marks the tokenizer complete goes last
   (`text_train`), which leaves the same choice of whole or absent.
+
+  Reads `data` (a run's `config.data` section): corpus, format,
+  tokenizer_type.
   """
-  corpus = config.data.corpus
-  kind = tokenizer_type(config.data)
-  if config.data.format != "sentences":
+  corpus = data.corpus
+  kind = tokenizer_type(data)
+  if data.format != "sentences":
     raise ValueError(
         "Training a tokenizer needs a corpus in the official sentence "
         "format; for other formats give config.data.tokenizer.")
@@ -183,10 +194,11 @@ def _train(config, path: str) -> Tokenizer:
         "(comma-separated), or 'bundled' for the shipped corpus.") from e
   what = "byte-level BPE" if kind == "bpe" else "SentencePiece model"
   log.info("Training a %d-piece %s on %d file(s) → %s",
-           config.model.vocab_size, what, len(files), path)
+           vocab_size, what, len(files), path)
   if storage.is_remote(path):
     output = os.fspath(storage.path(path).parent) if kind == "bpe" else path
-    return _train_to(config, files, kind, output)
+    return _train_to(corpus, files, kind, output, vocab_size=vocab_size,
+                     seed=seed)
   if kind == "bpe":
     final = os.path.dirname(path)
     partial = final + ".partial"
@@ -198,7 +210,7 @@ def _train(config, path: str) -> Tokenizer:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = path[:-len(".model")] + ".partial"
     output = partial + ".model"
-  _train_to(config, files, kind, output)
+  _train_to(corpus, files, kind, output, vocab_size=vocab_size, seed=seed)
   if kind == "bpe":
     os.replace(partial, final)  # the directory appears whole
     return Tokenizer.from_file(path)
@@ -209,13 +221,14 @@ def _train(config, path: str) -> Tokenizer:
   return Tokenizer.from_file(path)
 
 
-def _train_to(config, files: list[str], kind: str, output: str) -> Tokenizer:
+def _train_to(corpus: str, files: list[str], kind: str, output: str, *,
+              vocab_size: int, seed: int) -> Tokenizer:
   """`text_train.train` into `output`, its corpus errors naming the
-  setting to change."""
-  corpus = config.data.corpus
+  setting to change (`config.data.corpus`, the `corpus` the `files` were
+  expanded from)."""
   try:
-    return text_train.train(files, config.model.vocab_size, kind=kind,
-                            output=output, seed=config.seed,
+    return text_train.train(files, vocab_size, kind=kind,
+                            output=output, seed=seed,
                             input_sentence_size=2_000_000)
   except ValueError as e:  # nothing usable in the corpus
     raise ValueError(

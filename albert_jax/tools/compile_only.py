@@ -206,7 +206,8 @@ def compile_train_step(config, *, fast: bool = True,
         f"({data_parallel}) × accumulation_steps ({acc}).")
   platform = mesh.devices.flat[0].platform
   target = compile_targets.for_config(config, platform, stand_in_16bit)
-  tx, schedule = optim.make(config, target.model_config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps,
+                            target.model_config)
   start = time.perf_counter()
   init = state_lib.state_init_fn(target.init_params, tx)
   # Tracing cuDNN attention (init traces the model too) asks for cuDNN's
@@ -369,7 +370,8 @@ def report(config, device_memory_gib: float | None = None,
   result["fits"] = compile_report.fits(result["total"], device_memory_gib,
                                        headroom)
   result["device_memory_gib"] = device_memory_gib
-  print(compile_report.format_report(config, result, device_memory_gib,
-                                     headroom),
+  print(compile_report.format_report(
+      compile_report.StepShape.from_config(config), result,
+      device_memory_gib, headroom),
         file=file or sys.stdout, flush=True)
   return result

@@ -10,6 +10,7 @@ exact bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -24,6 +25,34 @@ TPU_COMPILER = "TPU compiler"
 GPU_COMPILER = "XLA:GPU compiler"
 CPU_ESTIMATE = "XLA:CPU estimate"
 MEMORY_SOURCES = {"tpu": TPU_COMPILER, "gpu": GPU_COMPILER}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+  """The run's step as the report's batch line words it.
+
+  Attributes:
+    batch_size: rows per step, all hosts together (`config.batch_size`).
+    accumulation_steps: micro-batches a step (`config.accumulation_steps`).
+    max_seq_length: tokens a row (`config.data.max_seq_length`).
+    optimizer: `config.optimizer.name`.
+  """
+  batch_size: int
+  accumulation_steps: int
+  max_seq_length: int
+  optimizer: str
+
+  @classmethod
+  def from_config(cls, config) -> StepShape:
+    """The step of a pre-training or fine-tuning config.
+
+    Reads: batch_size, accumulation_steps, data.max_seq_length,
+    optimizer.name.
+    """
+    return cls(batch_size=config.batch_size,
+               accumulation_steps=config.accumulation_steps,
+               max_seq_length=config.data.max_seq_length,
+               optimizer=config.optimizer.name)
 
 
 def budget(device_memory_gib: float | None,
@@ -104,15 +133,16 @@ def _packed_rows(result: dict[str, Any]) -> str:
           "rows is an upper bound")
 
 
-def format_report(config, result: dict[str, Any],
+def format_report(step: StepShape, result: dict[str, Any],
                   device_memory_gib: float | None = None,
                   headroom: float = DEFAULT_HEADROOM) -> str:
-  """The human-readable report of `analyse`'s result."""
+  """The human-readable report of `analyse`'s result for the config whose
+  step is `step` (`StepShape.from_config`)."""
   mesh = ", ".join(f"{k}={v}" for k, v in result["mesh"].items())
-  acc = config.accumulation_steps
+  acc = step.accumulation_steps
   data_parallel = math.prod(
       v for k, v in result["mesh"].items() if k in sharding_lib.DATA_AXES)
-  per_device = config.batch_size // data_parallel
+  per_device = step.batch_size // data_parallel
   tpu = result["memory_source"] == TPU_COMPILER
   source = result["memory_source"]
   accelerator = source != CPU_ESTIMATE
@@ -133,10 +163,10 @@ def format_report(config, result: dict[str, Any],
       f"{m['intermediate_size']}, E={m['embedding_size']}, vocab "
       f"{m['vocab_size']}; compute {m['dtype']}, params {m['param_dtype']}; "
       f"remat {m['remat']}; attention {m['attention_impl']}",
-      f"  batch: {config.batch_size} global, {per_device} per data-parallel "
+      f"  batch: {step.batch_size} global, {per_device} per data-parallel "
       f"shard, {acc} micro-batch{'es' if acc > 1 else ''} of "
-      f"{per_device // acc}; seq {config.data.max_seq_length}; optimizer "
-      f"{config.optimizer.name}" + _packed_rows(result),
+      f"{per_device // acc}; seq {step.max_seq_length}; optimizer "
+      f"{step.optimizer}" + _packed_rows(result),
       f"Per {unit_name} ({unit}), "
       f"{('the ' + source) if accelerator else 'XLA:CPU'}'s memory "
       "analysis:",

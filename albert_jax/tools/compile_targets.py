@@ -72,33 +72,48 @@ def stand_in(cfg: ModelConfig, platform: str,
 
 def for_config(config, platform: str, stand_in_16bit: bool = True) -> Target:
   """The train step of `config` (pre-training or fine-tuning), compiled for
-  `platform` ("tpu", "cpu", ...)."""
+  `platform` ("tpu", "cpu", ...): the dispatcher, where the config becomes
+  `pretrain`'s `RunSpec` or `finetune`'s sections and values.
+
+  Reads: job and model; for a fine-tune, init, data, batch_size and
+  lm_aux_weight; for pre-training, what `run_spec.run_spec` reads.
+  """
   if config.job == "finetune":
-    return finetune(config, platform, stand_in_16bit)
-  return pretrain(config, platform, stand_in_16bit)
-
-
-def pretrain(config, platform: str, stand_in_16bit: bool = True) -> Target:
-  """The pre-training step of `config.pretraining`'s objective."""
+    cfg, changed = stand_in(finetune_model_config(config.model, config.init),
+                            platform, stand_in_16bit)
+    return finetune(config.data, cfg, changed, batch_size=config.batch_size,
+                    lm_aux_weight=config.lm_aux_weight, init=config.init)
   cfg, changed = stand_in(ModelConfig.from_dict(config.model), platform,
                           stand_in_16bit)
-  spec = run_spec.run_spec(config, cfg)
+  return pretrain(run_spec.run_spec(config, cfg), changed)
+
+
+def pretrain(spec: run_spec.RunSpec, bf16_as_float16: bool) -> Target:
+  """The pre-training step of a run's `RunSpec` (of `config.pretraining`'s
+  objective, its model config as compiled); `bf16_as_float16`: `stand_in`
+  changed it."""
   attention = sum(v for k, v in spec.forward_flops().items()
                   if k.endswith("attention_scores"))
-  return Target(spec.kind, cfg, spec.init_params, spec.objective,
-                spec.batch_schema, spec.flops_per_step,
+  return Target(spec.kind, spec.model_config, spec.init_params,
+                spec.objective, spec.batch_schema, spec.flops_per_step,
                 flops_lib.TRAINING_MULTIPLIER * spec.batch_size * attention,
-                changed)
+                bf16_as_float16)
 
 
-def finetune_model_config(config) -> ModelConfig:
+def finetune_model_config(model, init: str) -> ModelConfig:
   """The fine-tuned encoder's configuration: `config.init`'s with
-  `config.model`'s non-empty fields over it, or `config.model` alone."""
-  overrides = {k: v for k, v in config.model.items() if v is not None}
-  if config.init:
+  `config.model`'s non-empty fields over it, or `config.model` alone.
+
+  Args:
+    model: the fine-tuning config's `config.model` section (None: the
+      checkpoint's value).
+    init: `config.init`, the checkpoint ("": none).
+  """
+  overrides = {k: v for k, v in model.items() if v is not None}
+  if init:
     from albert_jax.finetune.serving.load_pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
-    return load_pretrained(config.init, **overrides).model_config
-  missing = sorted(k for k, v in config.model.items() if v is None)
+    return load_pretrained(init, **overrides).model_config
+  missing = sorted(k for k, v in model.items() if v is None)
   if missing:
     raise ValueError(
         "Compiling a fine-tuning step needs the starting model: set "
@@ -107,22 +122,33 @@ def finetune_model_config(config) -> ModelConfig:
   return ModelConfig.from_dict(overrides)
 
 
-def finetune(config, platform: str, stand_in_16bit: bool = True) -> Target:
-  """The fine-tuning step of `config.data.task` on the starting model."""
+def finetune(data, model_config: ModelConfig, bf16_as_float16: bool, *,
+             batch_size: int, lm_aux_weight, init: str) -> Target:
+  """The fine-tuning step of `data.task` on the starting model.
+
+  Args:
+    data: the run's `config.data` section (task, pack, max_seq_length).
+    model_config: the starting model's, as compiled
+      (`finetune_model_config`, then `stand_in`).
+    bf16_as_float16: `stand_in` changed it.
+    batch_size: rows per step (`config.batch_size`).
+    lm_aux_weight: `config.lm_aux_weight`, checked against the model
+      (`starting_point.lm_aux_weight`).
+    init: `config.init`, which that check's error names.
+  """
   from albert_jax.finetune import registry  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune import starting_point as finetune_start  # pylint: disable=g-import-not-at-top
   from albert_jax.finetune.task import TaskObjective  # pylint: disable=g-import-not-at-top
-  cfg, changed = stand_in(finetune_model_config(config), platform,
-                          stand_in_16bit)
-  task = registry.make_task(config.data.task, config.data)
-  lm_weight = finetune_start.lm_aux_weight(config, cfg)
-  pack = spec_lib.pack_for(task, config.data.pack, lm_weight > 0, cfg.causal)
-  spec = spec_lib.for_task(task, cfg, config.data.max_seq_length,
+  task = registry.make_task(data.task, data)
+  lm_weight = finetune_start.lm_aux_weight(lm_aux_weight, model_config, init)
+  pack = spec_lib.pack_for(task, data.pack, lm_weight > 0,
+                           model_config.causal)
+  spec = spec_lib.for_task(task, model_config, data.max_seq_length,
                            lm_head=lm_weight > 0, pack=pack)
-  return Target(f"finetune {task.name}", cfg, spec.init_params,
+  return Target(f"finetune {task.name}", model_config, spec.init_params,
                 TaskObjective(spec.model, task, lm_weight),
-                spec.batch_schema(config.batch_size),
-                spec.flops_per_step(config.batch_size),
-                spec.attention_flops_per_step(config.batch_size), changed,
+                spec.batch_schema(batch_size),
+                spec.flops_per_step(batch_size),
+                spec.attention_flops_per_step(batch_size), bf16_as_float16,
                 examples_per_row=pack)

@@ -71,8 +71,9 @@ def evaluate_on(model: pretrained_lib.Pretrained, config: dict[str, Any],
                          "data.eval_fraction > 0.")
   cfg = _config_dict(config)
   loader = pipeline.make_loader(
-      cfg, directory, "eval", loader_lib.Vocabulary.from_tokenizer(
-          model.tokenizer), sharding=None, seed=cfg.seed + 1)
+      cfg.data, cfg.masking, directory, "eval",
+      loader_lib.Vocabulary.from_tokenizer(model.tokenizer), sharding=None,
+      global_batch_size=cfg.batch_size, seed=cfg.seed + 1)
   module = albert_lib.Albert(model.model_config, pooler=model.pooler,
                              heads=tuple(h for h in model.heads
                                          if h in ("mlm", "sop")))

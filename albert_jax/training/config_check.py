@@ -264,7 +264,8 @@ def check(config: Mapping[str, Any],
     except ValueError as e:
       found.append(str(e).rstrip("."))
   try:
-    optimizer.check(config)
+    optimizer.check(config.optimizer, job=config.job,
+                    num_train_steps=config.get("num_train_steps"))
   except ValueError as e:
     found.append(str(e).rstrip("."))
     cause = e  # --traceback shows where it came from

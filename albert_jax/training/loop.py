@@ -9,9 +9,10 @@ train step itself, and after `config.max_consecutive_nonfinite` skips in a
 row the run stops with a message naming the step and the offending
 parameters. It also accounts for the run's wall time (`goodput`: goodput,
 badput by cause, slow steps, data stalls) and profiles the steps
-`config.profile` names (`profiling`). What differs between pre-training and
-fine-tuning (data, model, eval) comes in as a `FitPlan`; what comes before
-and after `fit` is `run_setup`'s.
+`config.profile` names (`profiling`). The config's fields the loop reads
+come in once as `LoopOptions` (`LoopOptions.from_config`); what differs
+between pre-training and fine-tuning (data, model, eval) comes in as a
+`FitPlan`; what comes before and after `fit` is `run_setup`'s.
 """
 
 from __future__ import annotations
@@ -58,6 +59,59 @@ def _loader_hint(data) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoopOptions:
+  """The run's settings `fit` follows, read once from its config.
+
+  Attributes:
+    num_train_steps: the step the run ends at (`config.num_train_steps`).
+    log_every_steps, eval_every_steps, checkpoint_every_steps: the
+      cadence of train metrics, evaluation and checkpoints (the config's
+      fields of those names); the last step is always logged, evaluated
+      and saved.
+    max_consecutive_nonfinite: non-finite steps in a row that stop the run
+      (`guards.NonFiniteGuard`).
+    peak_tflops_per_device: for MFU; 0 looks the device kind up
+      (`metrics.peak_tflops`).
+    seed: `config.seed`, recorded in each checkpoint's metadata.
+    goodput: `config.goodput`'s options (`goodput.GoodputOptions`).
+    profile: `config.profile`'s options (`profiling.ProfileOptions`).
+    loader_hint: the data-stall warning's first fix, naming the run's own
+      `config.data` loader settings ("" where it has none).
+  """
+  num_train_steps: int
+  log_every_steps: int
+  eval_every_steps: int
+  checkpoint_every_steps: int
+  max_consecutive_nonfinite: int
+  peak_tflops_per_device: float
+  seed: int
+  goodput: goodput_lib.GoodputOptions = goodput_lib.GoodputOptions()
+  profile: profiling.ProfileOptions = profiling.ProfileOptions()
+  loader_hint: str = ""
+
+  @classmethod
+  def from_config(cls, config) -> LoopOptions:
+    """The options of a run's config (pre-training or fine-tuning).
+
+    Reads: num_train_steps, log_every_steps, eval_every_steps,
+    checkpoint_every_steps, max_consecutive_nonfinite,
+    peak_tflops_per_device, seed, and the goodput, profile and data
+    sections.
+    """
+    return cls(
+        num_train_steps=config.num_train_steps,
+        log_every_steps=config.log_every_steps,
+        eval_every_steps=config.eval_every_steps,
+        checkpoint_every_steps=config.checkpoint_every_steps,
+        max_consecutive_nonfinite=config.max_consecutive_nonfinite,
+        peak_tflops_per_device=config.peak_tflops_per_device,
+        seed=config.seed,
+        goodput=goodput_lib.GoodputOptions.from_config(config.goodput),
+        profile=profiling.ProfileOptions.from_config(config.profile),
+        loader_hint=_loader_hint(config.get("data")))
+
+
+@dataclasses.dataclass(frozen=True)
 class FitPlan:
   """What `fit` runs: a train step over batches, from where the run starts.
 
@@ -100,19 +154,21 @@ class FitPlan:
   started_at: float | None = None
 
 
-def fit(config, plan: FitPlan) -> FitResult:
-  """Runs the plan's train step over its batches to `config.num_train_steps`.
+def fit(options: LoopOptions, plan: FitPlan) -> FitResult:
+  """Runs the plan's train step over its batches to
+  `options.num_train_steps`.
 
   Args:
-    config: the run's config (log/eval/checkpoint cadence, batch_size,
-      num_train_steps, max_consecutive_nonfinite, peak_tflops_per_device).
+    options: the run's settings (`LoopOptions.from_config`): its last step,
+      log/eval/checkpoint cadence, non-finite limit, peak TFLOP/s, seed,
+      goodput and profile options.
     plan: the state, step, batches and the rest of what the run needs.
 
   Returns:
     The final state, the last eval, the preemption step (if any), the
     number of skipped (non-finite) steps and the goodput summary.
   """
-  run = _Fit(config, plan)
+  run = _Fit(options, plan)
   account = run.account
   with guards.Preemption() as preemption:
     run.preemption = preemption
@@ -129,8 +185,8 @@ def fit(config, plan: FitPlan) -> FitResult:
               f"The lease on {plan.workdir} was taken over by another run at "
               f"step {done}; this run stopped without saving, so as not to "
               "touch that run's checkpoints.")
-        last = done == config.num_train_steps
-        logged = done % config.log_every_steps == 0 or last
+        last = done == options.num_train_steps
+        logged = done % options.log_every_steps == 0 or last
         if logged:
           run.log_train(done, m)
         account.step_done(done)
@@ -138,9 +194,9 @@ def fit(config, plan: FitPlan) -> FitResult:
           account.book("profiling")
         if logged:
           run.log_goodput(done)
-        if done % config.eval_every_steps == 0 and not last and not stop:
+        if done % options.eval_every_steps == 0 and not last and not stop:
           stop = run.evaluate(done) or stop
-        if done % config.checkpoint_every_steps == 0 and not last:
+        if done % options.checkpoint_every_steps == 0 and not last:
           run.save(done)
         if stop:
           log.warning("%s: saving step %d and stopping.", preemption.name,
@@ -152,7 +208,7 @@ def fit(config, plan: FitPlan) -> FitResult:
       run.finish()
       run.close()
       if preemption.requested is not None:
-        return run.result(preempted_at=config.num_train_steps,
+        return run.result(preempted_at=options.num_train_steps,
                           stopped_by=preemption.name)
     except BaseException:
       run.abandon()
@@ -170,8 +226,8 @@ class _Fit:
   so it never stalls the device queue: by then that step has finished.
   """
 
-  def __init__(self, config, plan: FitPlan):
-    self.config, self.state, self.train_step = config, plan.state, (
+  def __init__(self, options: LoopOptions, plan: FitPlan):
+    self.options, self.state, self.train_step = options, plan.state, (
         plan.train_step)
     self.mngr, self.workdir, self.evaluate_fn = plan.mngr, plan.workdir, (
         plan.evaluate)
@@ -183,25 +239,24 @@ class _Fit:
     is_main = jax.process_index() == 0
     self.writer = metrics_lib.Writer(
         os.fspath(storage.path(workdir) / "tensorboard"), enabled=is_main)
-    self.progress = metrics_lib.Progress(config.num_train_steps, start_step,
-                                         every=config.log_every_steps,
+    self.progress = metrics_lib.Progress(options.num_train_steps,
+                                         start_step,
+                                         every=options.log_every_steps,
                                          enabled=is_main)
     self.peak = metrics_lib.peak_tflops(jax.devices()[0].device_kind,
-                                        config.peak_tflops_per_device)
+                                        options.peak_tflops_per_device)
     self.guard = guards.NonFiniteGuard(
-        config.max_consecutive_nonfinite, plan.param_paths)
+        options.max_consecutive_nonfinite, plan.param_paths)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = -1
     self.saved = {start_step} if plan.resumed else set()
     self.pending = None  # (step, metrics) of the previous step, for the guard
     self.t_last, self.s_last = time.time(), start_step
     self.account = goodput_lib.Account(
-        workdir, goodput_lib.GoodputOptions.from_config(config.goodput),
-        start_step=start_step,
+        workdir, options.goodput, start_step=start_step,
         started_at=plan.started_at, enabled=is_main)
     self.profiler = profiling.StepProfiler(
-        profiling.ProfileOptions.from_config(config.profile), workdir,
-        session_start=start_step,
+        options.profile, workdir, session_start=start_step,
         lower=getattr(plan.train_step, "lower", None))
     self.preemption: guards.Preemption | None = None  # set by `fit`
     self.last_batch = None
@@ -282,7 +337,7 @@ class _Fit:
     """goodput/* and badput/* scalars, the data-stall check, and (in a
     gs:// workdir, where goodput.json is not rewritten every step) the
     goodput record."""
-    self.account.check_data_stall(_loader_hint(self.config.data))
+    self.account.check_data_stall(self.options.loader_hint)
     self.writer.write(done, self.account.scalars())
     if self.account.remote:
       self.account.save()
@@ -310,7 +365,7 @@ class _Fit:
   def save(self, step: int, force: bool = False) -> None:
     if step in self.saved:  # e.g. SIGTERM right after a periodic save
       return
-    meta = {"step": step, "data_position": step, "seed": self.config.seed}
+    meta = {"step": step, "data_position": step, "seed": self.options.seed}
     # Only this step's own eval may rank it for "best" retention.
     metrics = None
     if (self.best_key and self.last_eval_step == step

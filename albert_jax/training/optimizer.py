@@ -259,16 +259,22 @@ OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
 NAMES = tuple(sorted(OPTIMIZERS))  # config.optimizer.name's choices
 
 
-def check(config) -> None:
+def check(optimizer_config, *, job: str, num_train_steps: int | None
+          ) -> None:
   """Refuses optimizer values that cannot train, before anything is
   written: one line naming each bad key, its value, what is allowed and the
   fix.
+
+  Args:
+    optimizer_config: the run's `config.optimizer` section.
+    job: `config.job`; layer-wise decay is for "finetune" only.
+    num_train_steps: `config.num_train_steps` (None: the config has none).
 
   Raises:
     ValueError: e.g. "config.optimizer.learning_rate=-0.001 must be a
       finite number > 0, e.g. --config.optimizer.learning_rate=0.001."
   """
-  o = config.optimizer
+  o = optimizer_config
   rules = (  # key, test, what is allowed, an example
       ("learning_rate", lambda v: v > 0, "a finite number > 0", 1e-3),
       ("end_learning_rate", lambda v: v >= 0, "a finite number >= 0", 0.0),
@@ -293,12 +299,12 @@ def check(config) -> None:
       problems.append(f"config.optimizer.{key}={value!r} must be {allowed}, "
                       f"e.g. --config.optimizer.{key}={example}")
   decay = o.layerwise_lr_decay
-  if config.job != "finetune" and decay != 1:
+  if job != "finetune" and decay != 1:
     # ELECTRA decays the rates when fine-tuning; pre-training trains every
     # layer from scratch, where slower lower layers would only lag.
     problems.append(f"config.optimizer.layerwise_lr_decay={decay!r} is for "
                     "fine-tuning; a pre-training run keeps it at 1.0")
-  steps = config.get("num_train_steps")
+  steps = num_train_steps
   if steps is not None and not (isinstance(steps, int) and steps >= 0):
     problems.append(f"config.num_train_steps={steps!r} must be a whole "
                     "number >= 0")
@@ -306,18 +312,19 @@ def check(config) -> None:
     raise ValueError("; ".join(problems) + ".")
 
 
-def make(config, model_config=None
+def make(optimizer_config, num_train_steps: int, model_config=None
          ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Optimizer and schedule from `config.optimizer` and the step count.
+  """Optimizer and schedule from the run's `config.optimizer` section and
+  its `config.num_train_steps`, over which the schedule runs.
 
-  Reads: optimizer.{name, learning_rate, warmup_steps, end_learning_rate,
-  power, b1, b2, eps, weight_decay, bias_correction, clip_norm} and
-  config.num_train_steps; optimizer.schedule ("polynomial", ALBERT's, or
-  "cosine", GPT-1's; `power` applies to the polynomial only);
-  optimizer.layerwise_lr_decay (1.0: off), which needs `model_config`, the
-  encoder's `ModelConfig` (`layer_lr_multipliers`).
+  Reads: optimizer_config.{name, learning_rate, warmup_steps,
+  end_learning_rate, power, b1, b2, eps, weight_decay, bias_correction,
+  clip_norm}; its schedule ("polynomial", ALBERT's, or "cosine", GPT-1's;
+  `power` applies to the polynomial only); its layerwise_lr_decay (1.0:
+  off), which needs `model_config`, the encoder's `ModelConfig`
+  (`layer_lr_multipliers`).
   """
-  o = config.optimizer
+  o = optimizer_config
   if o.name not in OPTIMIZERS:
     raise ValueError(f"optimizer.name={o.name!r}; choose one of "
                      f"{sorted(OPTIMIZERS)}.")
@@ -326,10 +333,10 @@ def make(config, model_config=None
     raise ValueError(f"optimizer.schedule={kind!r}; choose one of "
                      f"{SCHEDULES}.")
   if kind == "cosine":
-    schedule = cosine_schedule(o.learning_rate, config.num_train_steps,
+    schedule = cosine_schedule(o.learning_rate, num_train_steps,
                                o.warmup_steps, o.end_learning_rate)
   else:
-    schedule = albert_schedule(o.learning_rate, config.num_train_steps,
+    schedule = albert_schedule(o.learning_rate, num_train_steps,
                                o.warmup_steps, o.end_learning_rate, o.power)
   tx = OPTIMIZERS[o.name](schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                           weight_decay=o.weight_decay,

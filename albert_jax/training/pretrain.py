@@ -85,8 +85,11 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   # Tokenizer and prepared data.
   ##############################################################################
-  tokenizer = run_tokenizer.ensure(config, r.workdir)
-  data_dir = pipeline.ensure_dataset(config, r.workdir, tokenizer)
+  tokenizer = run_tokenizer.ensure(config.data, r.workdir,
+                                   vocab_size=config.model.vocab_size,
+                                   seed=config.seed)
+  data_dir = pipeline.ensure_dataset(config.data, r.workdir, tokenizer,
+                                     seed=config.seed)
   vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
 
   ##############################################################################
@@ -94,7 +97,7 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   spec = run_spec.run_spec(config)
   objective = spec.objective
-  tx, schedule = optim.make(config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps)
 
   ##############################################################################
   # Train state: restored from the workdir, or created sharded.
@@ -106,13 +109,15 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   # Data, steps and what users see.
   ##############################################################################
-  train_loader = pipeline.make_loader(config, data_dir, "train", vocab,
-                                      r.data_sharding, masked=spec.masked)
+  masking = config.masking if spec.masked else None
+  train_loader = pipeline.make_loader(
+      config.data, masking, data_dir, "train", vocab, r.data_sharding,
+      global_batch_size=config.batch_size, seed=config.seed)
   eval_loader = None
   if pipeline.has_split(data_dir, "eval") and config.eval_batches > 0:
-    eval_loader = pipeline.make_loader(config, data_dir, "eval", vocab,
-                                       r.data_sharding, seed=config.seed + 1,
-                                       masked=spec.masked)
+    eval_loader = pipeline.make_loader(
+        config.data, masking, data_dir, "eval", vocab, r.data_sharding,
+        global_batch_size=config.batch_size, seed=config.seed + 1)
   train = r.jit_train_step(objective, tx, schedule, start.shardings)
   eval_step = sharding_lib.jit_in_mesh(
       step_lib.make_eval_step(objective), r.mesh, r.rules,

@@ -137,12 +137,12 @@ def _may_change(key: str) -> bool:
   return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
 
 
-def recipe(config, workdir: str) -> dict[str, Any]:
-  """The recipe of `config`'s run in `workdir` (see the module docstring)."""
-  values = json.loads(config.to_json_best_effort())
-  flat = _flatten(values)
+def _files(values: Mapping[str, Any], workdir: str) -> dict[str, list[str]]:
+  """The recipe's "files" of a config's JSON values: data.KEY → the
+  fingerprints of the files its `data` section's KEY names, and of the
+  tokenizer trained into `workdir` where none is configured."""
   files = {}
-  for key, value in flat.items():
+  for key, value in _flatten(values).items():
     if key.startswith("data."):
       named = _named_files(key, value)
       if named is not None:
@@ -154,6 +154,20 @@ def recipe(config, workdir: str) -> dict[str, Any]:
       own = None
     if own and storage.path(own).exists():
       files["data.tokenizer"] = [_fingerprint(own)]
+  return files
+
+
+def data_files(data, workdir: str) -> dict[str, list[str]]:
+  """The "files" of the recipe of a run in `workdir` whose `config.data`
+  section is `data` (a ConfigDict): they come from that section alone."""
+  return _files({"data": json.loads(data.to_json_best_effort())}, workdir)
+
+
+def recipe(config, workdir: str) -> dict[str, Any]:
+  """The recipe of `config`'s run in `workdir` (see the module docstring)."""
+  values = json.loads(config.to_json_best_effort())
+  flat = _flatten(values)
+  files = _files(values, workdir)
   config = {k: v for k, v in flat.items()
             if not _may_change(k) and k not in files}
   mixture = _mixture(flat.get("data.data_dir"))

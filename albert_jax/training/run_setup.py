@@ -227,10 +227,11 @@ class Run:
           flops_per_step: float, tokens_per_sequence: int,
           best_key: str | None, rows_per_step: int | None = None
           ) -> loop.FitResult:
-    """`loop.fit` from `start` to `config.num_train_steps`; a step's batch
-    holds `rows_per_step` rows (None: `config.batch_size`)."""
+    """`loop.fit` from `start` to `config.num_train_steps`, by the
+    config's `loop.LoopOptions`; a step's batch holds `rows_per_step` rows
+    (None: `config.batch_size`)."""
     config, step = self.config, start.step
-    return loop.fit(config, loop.FitPlan(
+    return loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
         state=start.state, train_step=train_step, mngr=start.mngr,
         workdir=self.workdir, batches=batches.iterate(
             step, max(config.num_train_steps - step, 0)),

@@ -95,7 +95,7 @@ def timed(fn):
 def init_compile(config, fast: bool = False) -> None:
   """Lowers and compiles the sharded state initialiser (as create_state)."""
   spec = run_spec.run_spec(config)
-  tx, _ = optim.make(config)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   mesh, rules = sharding_lib.mesh_and_rules(config.mesh,
                                             config.sharding_rules)
   init = state_lib.state_init_fn(spec.init_params, tx)

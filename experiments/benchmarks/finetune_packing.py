@@ -118,7 +118,7 @@ def _runner(task, cfg, seq, pack, batch, features, mesh, rules):
       warmup_steps=10, max_seq_length=seq)
   spec = spec_lib.for_task(task, cfg, seq, pack=pack)
   objective = TaskObjective(spec.model, task)
-  tx, schedule = optim.make(config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps)
   state, shardings = state_lib.create_state(
       state_lib.state_init_fn(spec.init_params, tx), tx, mesh, rules,
       jax.random.key(0))

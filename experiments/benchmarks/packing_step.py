@@ -44,7 +44,9 @@ def _setup(pack: int, data_dir: str, vocab):
       lambda x: x.value if hasattr(x, "value") else x,
       jax.jit(spec.init_params)(jax.random.key(0)),
       is_leaf=lambda x: hasattr(x, "value"))
-  loader = pipeline.make_loader(c, data_dir, "train", vocab, None)
+  loader = pipeline.make_loader(c.data, c.masking, data_dir, "train", vocab,
+                                None, global_batch_size=c.batch_size,
+                                seed=c.seed)
   batches = [loader.local_batch(s) for s in range(BATCHES)]
   objective = spec.objective
 

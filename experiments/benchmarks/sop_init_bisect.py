@@ -88,7 +88,7 @@ elif a.init == "hf":
   jax.tree.map(lambda x, y: None if x.shape == y.shape else sys.exit(f"shape {x.shape} {y.shape}"), params, hp)
   params = jax.tree.map(jnp.asarray, hp)
 c.num_train_steps = a.steps; c.optimizer.learning_rate = a.lr; c.optimizer.warmup_steps = a.steps // 10
-tx, schedule = optim.make(c)
+tx, schedule = optim.make(c.optimizer, c.num_train_steps)
 if a.exclude != optim.EXCLUDE_PATTERN:
   tx = optax.chain(optax.clip_by_global_norm(1.0), optim.lamb(schedule, exclude=a.exclude))
 if a.sched == "ref":

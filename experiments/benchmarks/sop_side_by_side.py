@@ -185,8 +185,11 @@ class SideBySide:
 
   def __init__(self, c, workdir: str, init: str = "albert_jax",
                compiler_options: dict | None = None):
-    tokenizer = run_tokenizer.ensure(c, workdir)
-    data_dir = pipeline.ensure_dataset(c, workdir, tokenizer)
+    tokenizer = run_tokenizer.ensure(c.data, workdir,
+                                     vocab_size=c.model.vocab_size,
+                                     seed=c.seed)
+    data_dir = pipeline.ensure_dataset(c.data, workdir, tokenizer,
+                                       seed=c.seed)
     vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
 
     def loader(split, seed):
@@ -216,7 +219,7 @@ class SideBySide:
           {k: torch.as_tensor(np.array(v)) for k, v in state.items()},
           strict=False)
       self.reference.tie_weights()
-    tx, schedule = optim.make(c)
+    tx, schedule = optim.make(c.optimizer, c.num_train_steps)
     self.objective = run.objective
     self.step_fn = jax.jit(
         step_lib.make_train_step(run.objective, tx, schedule),

@@ -121,7 +121,7 @@ class JaxRunner:
     self.config = config
     spec = run_spec.run_spec(config)
     self.model_config = spec.model_config
-    tx, schedule = optim.make(config)
+    tx, schedule = optim.make(config.optimizer, config.num_train_steps)
     self.compiler_options = compiler_options
     self.mesh, self.rules = sharding_lib.mesh_and_rules(
         config.mesh, config.sharding_rules)

@@ -149,12 +149,14 @@ def test_pipeline_prepares_into_a_gcs_workdir_once(
   _put(f"{gcs_bucket}/corpus", corpus_files)
   config = _run_config(f"{gcs_bucket}/corpus/*")
   workdir = f"{gcs_bucket}/run1"
-  out = pipeline.ensure_dataset(config, workdir, tiny_tokenizer)
+  out = pipeline.ensure_dataset(config.data, workdir, tiny_tokenizer,
+                                seed=config.seed)
   assert out == f"{workdir}/data"
   # The same recipe prepared locally gives the same shards.
   _put(str(tmp_path / "corpus"), corpus_files)
-  local = pipeline.ensure_dataset(_run_config(str(tmp_path / "corpus" / "*")),
-                                  str(tmp_path / "run1"), tiny_tokenizer)
+  local_config = _run_config(str(tmp_path / "corpus" / "*"))
+  local = pipeline.ensure_dataset(local_config.data, str(tmp_path / "run1"),
+                                  tiny_tokenizer, seed=local_config.seed)
   meta = loader_lib.read_metadata(out)
   assert meta["splits"] == loader_lib.read_metadata(local)["splits"]
   for name in meta["splits"]["train"]["files"]:
@@ -165,10 +167,11 @@ def test_pipeline_prepares_into_a_gcs_workdir_once(
   def no_preparing(*args, **kwargs):
     raise AssertionError("prepared again")
   monkeypatch.setattr(prepare, "prepare", no_preparing)
-  assert pipeline.ensure_dataset(config, workdir, tiny_tokenizer) == out
+  assert pipeline.ensure_dataset(config.data, workdir, tiny_tokenizer,
+                                 seed=config.seed) == out
   config.data.data_dir = out
-  assert pipeline.ensure_dataset(config, f"{gcs_bucket}/run2",
-                                 tiny_tokenizer) == out
+  assert pipeline.ensure_dataset(config.data, f"{gcs_bucket}/run2",
+                                 tiny_tokenizer, seed=config.seed) == out
   assert loader_lib.Loader(
       out, "train", global_batch_size=4, vocab=loader_lib.Vocabulary
       .from_tokenizer(tiny_tokenizer), process_index=0, process_count=1,

@@ -11,7 +11,6 @@ import hypothesis
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -187,7 +186,8 @@ def test_combined_loss_is_task_plus_lambda_numpy_lm_loss(causal_setup,
 def test_zero_weight_is_exactly_the_task_loss(causal_setup, fast_compile):
   """λ = 0 (the default) is the task objective alone, bit for bit."""
   with_lm, plain, params = causal_setup
-  assert start_lib.lm_aux_weight(config_lib.classify_config()) == 0.0
+  assert start_lib.lm_aux_weight(
+      config_lib.classify_config().lm_aux_weight) == 0.0
   task = ToyTask()
   params = {**params, "albert": {k: v for k, v in params["albert"].items()
                                  if k != "lm"}}
@@ -312,7 +312,7 @@ def write_workdir(path, causal, fast_compile, seed=7):
   if causal:
     config.pretraining = "causal_lm"
   spec = run_spec.run_spec(config)
-  tx, _ = optim.make(config)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   init = state_lib.state_init_fn(spec.init_params, tx)
 
   def unboxed(rng):
@@ -401,10 +401,11 @@ def test_bidirectional_model_is_refused(tmp_path, monkeypatch, fast_compile):
   for k, v in model_section(causal=False).items():
     config.model[k] = v
   with pytest.raises(ValueError, match=r"causal \(GPT\)"):
-    start_lib.encoder_start(config)
+    start_lib.encoder_start(start_lib.StartOptions.from_config(config))
   # λ = 0 fine-tunes the bidirectional model as before.
   config.lm_aux_weight = 0.0
-  assert not start_lib.encoder_start(config)[0].causal
+  assert not start_lib.encoder_start(
+      start_lib.StartOptions.from_config(config))[0].causal
 
 
 def test_bad_weights_are_refused(tmp_path, monkeypatch):
@@ -415,6 +416,5 @@ def test_bad_weights_are_refused(tmp_path, monkeypatch):
     ft.run(config, str(tmp_path / "ft"))
   causal = ModelConfig.from_dict(model_section())
   for weight in (float("nan"), float("inf"), True, "0.5"):
-    config = ml_collections.ConfigDict({"init": "", "lm_aux_weight": weight})
     with pytest.raises(ValueError, match="must be a number >= 0"):
-      start_lib.lm_aux_weight(config, causal)
+      start_lib.lm_aux_weight(weight, causal)

@@ -295,7 +295,8 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
     config.model[k] = None
   config.model.hidden_dropout_prob = 0.05
   config.init = str(tmp_path / "hf")
-  model_config, encoder, _ = start_lib.encoder_start(config)
+  model_config, encoder, _ = start_lib.encoder_start(
+      start_lib.StartOptions.from_config(config))
   assert model_config.hidden_size == 32
   assert model_config.hidden_dropout_prob == 0.05
   assert set(encoder) == {"embeddings", "encoder", "pooler"}
@@ -326,7 +327,8 @@ def test_init_places_pretrained_encoder_and_overrides_dropout(tmp_path,
   # config.reinit_pooler: everything but the pooler comes from the
   # checkpoint; the pooler keeps its fresh values.
   config.reinit_pooler = True
-  _, no_pooler, _ = start_lib.encoder_start(config)
+  _, no_pooler, _ = start_lib.encoder_start(
+      start_lib.StartOptions.from_config(config))
   assert set(no_pooler) == {"embeddings", "encoder"}
   placed = start_lib.place_encoder(state, shardings, no_pooler)
   fresh = state["params"]["albert"]["pooler"]

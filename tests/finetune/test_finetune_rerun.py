@@ -64,8 +64,9 @@ def test_a_finished_workdir_refuses_other_data(tmp_path, spm_of_size):
     assert json.load(f) == result
 
   # The same data passes: the same files, or the same source split again.
-  data_files.check_data(trained, workdir)
-  data_files.check_data(_config(tokenizer, split_from=first), workdir)
+  data_files.check_data(trained.data, workdir, seed=trained.seed)
+  resplit = _config(tokenizer, split_from=first)
+  data_files.check_data(resplit.data, workdir, seed=resplit.seed)
   fix = ("; its checkpoints, predictions and final_metrics.json belong to "
          "the data it was trained on. Fine-tune on the new data in a new "
          "workdir (another --workdir), or rerun with the original files.")
@@ -100,11 +101,11 @@ def test_a_changed_file_and_a_dropped_one_are_named(tmp_path):
   recipe.record(config, str(workdir))
   (workdir / "config.json").write_text(config.to_json_best_effort(),
                                        encoding="utf-8")
-  data_files.check_data(config, str(workdir))
+  data_files.check_data(config.data, str(workdir), seed=config.seed)
   _tsv(tmp_path / "train.tsv", [("a b", "x"), ("c d", "x")])
   config.data.test_file = None
   with pytest.raises(recipe.RecipeError) as e:
-    data_files.check_data(config, str(workdir))
+    data_files.check_data(config.data, str(workdir), seed=config.seed)
   assert str(e.value).startswith(
       f"{workdir} was fine-tuned on data.train_file={train}, "
       f"data.eval_file={train}, data.test_file={test}, and this run gives "

@@ -151,7 +151,9 @@ def test_workdir_tokenizer_on_gcs(gcs_bucket, corpus_bytes, kind, main, files,
       data=dict(corpus=f"{gcs_bucket}/corpus.txt.gz", format="sentences",
                 tokenizer="", tokenizer_type=kind)))
   workdir = f"{gcs_bucket}/run"
-  tok = run_tokenizer.ensure(config, workdir)
+  tok = run_tokenizer.ensure(config.data, workdir,
+                             vocab_size=config.model.vocab_size,
+                             seed=config.seed)
   directory = main.split("/")[0]
   assert tok.path == f"{workdir}/{main}"
   assert sorted(_files(f"{workdir}/{directory}")) == files
@@ -160,13 +162,17 @@ def test_workdir_tokenizer_on_gcs(gcs_bucket, corpus_bytes, kind, main, files,
   def no_training(*args, **kwargs):
     raise AssertionError("trained again")
   monkeypatch.setattr(text_train, "train", no_training)
-  again = run_tokenizer.ensure(config, workdir)
+  again = run_tokenizer.ensure(config.data, workdir,
+                               vocab_size=config.model.vocab_size,
+                               seed=config.seed)
   assert again.encode(TEXTS[0]) == tok.encode(TEXTS[0])
   assert run_tokenizer.find(config.to_dict(), workdir).path == tok.path
 
   config.data.tokenizer = f"{gcs_bucket}/none/spiece.model"
   with pytest.raises(FileNotFoundError) as e:
-    run_tokenizer.ensure(config, workdir)
+    run_tokenizer.ensure(config.data, workdir,
+                         vocab_size=config.model.vocab_size,
+                         seed=config.seed)
   assert str(e.value) == (
       f"config.data.tokenizer '{gcs_bucket}/none/spiece.model' does not "
       f"exist; {run_tokenizer.CONFIGURED_FIX}")

@@ -244,7 +244,8 @@ def test_other_steps_compile(objective):
             "2; seq 128; optimizer adamw; packed, up to 4 examples a row: a "
             "run takes the rows that hold batch_size examples (fewer), so "
             "this compile of batch_size rows is an upper bound\n"
-            ) in compile_report.format_report(config, result)
+            ) in compile_report.format_report(
+                compile_report.StepShape.from_config(config), result)
 
 
 # ALBERT-base shares its layers: two of them hold the same parameters as

@@ -64,7 +64,7 @@ def tiny_setup():
   model). Tests share [8, 32] batches so that each compiles once."""
   c = tiny_config()
   run = run_spec.run_spec(c)
-  tx, schedule = optim.make(c)
+  tx, schedule = optim.make(c.optimizer, c.num_train_steps)
   init = state_lib.state_init_fn(run.init_params, tx)
 
   def unboxed(rng):
@@ -390,7 +390,7 @@ def test_unknown_schedule_is_refused():
   c = gpt_config()
   c.optimizer.schedule = "cosnie"
   with pytest.raises(ValueError, match="choose one of"):
-    optim.make(c)
+    optim.make(c.optimizer, c.num_train_steps)
 
 
 # ---------------------------------------------------------- end to end

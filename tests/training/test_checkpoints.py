@@ -58,7 +58,7 @@ def abstract_state(config, mesh=None):
   rules = sharding_lib.rules_for(mesh,
                                  [tuple(r) for r in config.sharding_rules])
   spec = run_spec.run_spec(config)
-  tx, _ = optim.make(config)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   init = state_lib.state_init_fn(spec.init_params, tx)
   return state_lib.abstract_state(init, tx, mesh, rules, jax.random.key(0))
 

@@ -191,7 +191,7 @@ def test_any_override_either_passes_every_start_check_or_is_one_line(changes):
     assert "\n" not in str(e) and str(e).startswith(("config.", "model."))
     return
   assert ModelConfig.from_dict(c.model).vocab_size >= 1
-  optimizer.make(c)
+  optimizer.make(c.optimizer, c.num_train_steps)
   for key in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps",
               "accumulation_steps"):
     assert 1 % c[key] in (0, 1)  # no ZeroDivisionError
@@ -206,18 +206,19 @@ def test_an_objective_other_than_the_prepared_datas_is_refused(
   c = load("tiny")
   c.data.data_dir, c.data.max_seq_length, c.data.objective = data_dir, 32, "nsp"
   with pytest.raises(ValueError) as e:
-    pipeline.ensure_dataset(c, "/unused", None)
+    pipeline.ensure_dataset(c.data, "/unused", None, seed=c.seed)
   assert str(e.value) == (
       f"{data_dir} was prepared for data.objective='sop' but "
       "config.data.objective is 'nsp': its sentence labels mean something "
       "else. Set --config.data.objective=sop, or prepare the data again with "
       "--objective nsp.")
   c.data.objective = "sop"
-  assert pipeline.ensure_dataset(c, "/unused", None) == data_dir
+  assert pipeline.ensure_dataset(c.data, "/unused", None,
+                                 seed=c.seed) == data_dir
   # Prepared one instance per row: a packed run's batches would not match.
   c.data.pack = 3
   with pytest.raises(ValueError) as e:
-    pipeline.ensure_dataset(c, "/unused", None)
+    pipeline.ensure_dataset(c.data, "/unused", None, seed=c.seed)
   assert str(e.value) == (
       f"{data_dir} was prepared with pack=0 but config.data.pack is 3; set "
       "--config.data.pack=0, or prepare the data again with --pack 3.")

@@ -390,11 +390,15 @@ def test_tokenizer_killed_while_writing_is_retrained(tmp_path, monkeypatch):
 
   monkeypatch.setattr(text_train, "train", killed_while_writing)
   with pytest.raises(Killed):
-    run_tokenizer.ensure(config, str(workdir))
+    run_tokenizer.ensure(config.data, str(workdir),
+                         vocab_size=config.model.vocab_size,
+                         seed=config.seed)
   assert not (workdir / "spm" / "spiece.model").exists()
   monkeypatch.undo()
   # The rerun trains afresh; the model is complete and the leftovers gone.
-  tok = run_tokenizer.ensure(config, str(workdir))
+  tok = run_tokenizer.ensure(config.data, str(workdir),
+                             vocab_size=config.model.vocab_size,
+                             seed=config.seed)
   assert tok.path == str(workdir / "spm" / "spiece.model")
   assert tok.vocab_size == VOCAB
   assert sorted(os.listdir(workdir / "spm")) == ["spiece.model",
@@ -406,8 +410,11 @@ def test_data_preparation_killed_midway_is_rebuilt(tmp_path):
   dataset.json, which is written last: the rerun rebuilds the same data."""
   config = _data_config(_write_corpus(tmp_path / "corpus.txt"))
   workdir = tmp_path / "run"
-  tok = run_tokenizer.ensure(config, str(workdir))
-  data = pipeline.ensure_dataset(config, str(workdir), tok)
+  tok = run_tokenizer.ensure(config.data, str(workdir),
+                             vocab_size=config.model.vocab_size,
+                             seed=config.seed)
+  data = pipeline.ensure_dataset(config.data, str(workdir), tok,
+                                 seed=config.seed)
   def files():  # the unit records too (units/unit-*.json)
     return {os.path.relpath(os.path.join(d, n), data):
             (pathlib.Path(d) / n).read_bytes()
@@ -420,5 +427,6 @@ def test_data_preparation_killed_midway_is_rebuilt(tmp_path):
   os.replace(os.path.join(data, last), os.path.join(data, last + ".tmp"))
   with open(os.path.join(data, last + ".tmp"), "r+b") as f:
     f.truncate(10)
-  assert pipeline.ensure_dataset(config, str(workdir), tok) == data
+  assert pipeline.ensure_dataset(config.data, str(workdir), tok,
+                                 seed=config.seed) == data
   assert files() == whole

@@ -91,7 +91,7 @@ def _older_workdir(config, workdir: str, step: int) -> dict:
   rules = sharding_lib.rules_for(mesh,
                                  [tuple(r) for r in config.sharding_rules])
   spec = run_spec.run_spec(config)
-  tx, _ = optim.make(config)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   state, _ = state_lib.create_state(
       state_lib.state_init_fn(spec.init_params, tx), tx, mesh, rules,
       jax.random.key(0), run_setup.compiler_options(config))

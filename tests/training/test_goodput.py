@@ -154,7 +154,7 @@ def test_fit_accounts_for_its_wall_time_and_names_a_data_stall(tmp_path,
   started = time.time()
   time.sleep(0.2)  # start-up
   with caplog.at_level(logging.WARNING):
-    out = loop.fit(config, loop.FitPlan(
+    out = loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
         state=state, train_step=_step,
         batches=_slow_batches(12, 0.03), start_step=0, resumed=False,
         mngr=mngr, workdir=str(tmp_path), evaluate=None, flops_per_step=1.0,
@@ -188,7 +188,7 @@ def test_a_fast_loader_is_not_a_stall(tmp_path, caplog):
     return _step(state, batch)
 
   with caplog.at_level(logging.WARNING):
-    loop.fit(config, loop.FitPlan(
+    loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
         state=state, train_step=step,
         batches=((i, None) for i in range(12)), start_step=0,
         resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,

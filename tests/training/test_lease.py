@@ -248,7 +248,7 @@ def test_a_run_whose_lease_is_taken_over_stops_without_saving(tmp_path):
 
   with pytest.raises(lease_lib.WorkdirBusyError,
                      match="taken over by another run at step 6"):
-    loop.fit(config, loop.FitPlan(
+    loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
         state={"step": jnp.zeros([], jnp.int32),
                "params": {"w": jnp.zeros(2)}},
         train_step=_fake_step(first_bad=100), batches=batches(),

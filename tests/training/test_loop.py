@@ -12,10 +12,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from albert_jax import config_lib
 from albert_jax.training import checkpoints
 from albert_jax.training import defaults
+from albert_jax.training import goodput
 from albert_jax.training import guards
 from albert_jax.training import loop
+from albert_jax.training import profiling
 
 
 def test_guard_counts_consecutive_skips_and_names_parameters(caplog):
@@ -62,7 +65,7 @@ def test_a_run_that_started_non_finite_saves_nothing(tmp_path):
            "params": {"w": jnp.full(2, jnp.nan)}}
   mngr = checkpoints.manager(str(tmp_path), async_save=False)
   with pytest.raises(guards.NonFiniteError) as e:
-    loop.fit(config, loop.FitPlan(
+    loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
         state=state, train_step=_fake_step(1),
         batches=((i, None) for i in range(10)), start_step=0,
         resumed=False, mngr=mngr, workdir=str(tmp_path), evaluate=None,
@@ -108,7 +111,7 @@ def _fit(tmp_path, first_bad, **config):
   state = {"step": jnp.zeros([], jnp.int32), "params": {"w": jnp.zeros(2)}}
   mngr = checkpoints.manager(str(tmp_path), async_save=False)
   batches = ((i, None) for i in range(config.num_train_steps))
-  return mngr, loop.fit(config, loop.FitPlan(
+  return mngr, loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
       state=state, train_step=_fake_step(first_bad), batches=batches,
       start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
       evaluate=None, flops_per_step=1.0,
@@ -159,7 +162,7 @@ def test_sigterm_during_a_long_evaluation_saves_within_seconds(tmp_path):
       time.sleep(0.05)
     return {"accuracy": 1.0}
 
-  out = loop.fit(config, loop.FitPlan(
+  out = loop.fit(loop.LoopOptions.from_config(config), loop.FitPlan(
       state=state, train_step=_fake_step(100),
       batches=((i, None) for i in range(config.num_train_steps)),
       start_step=0, resumed=False, mngr=mngr, workdir=str(tmp_path),
@@ -172,3 +175,25 @@ def test_sigterm_during_a_long_evaluation_saves_within_seconds(tmp_path):
   assert stopped < 2.0
   assert checkpoints.available_steps(str(tmp_path)) == [4]
   assert len(signalled) == 1
+
+
+def test_loop_options_are_read_from_the_config_once():
+  """`fit` takes typed options: a pre-training config's cadence, limits,
+  seed, goodput and profile sections and loader settings; a fine-tuning
+  config has no loader settings to name in a data stall."""
+  c = config_lib.base_config(config_lib.tiny_model(), num_train_steps=30)
+  c.seed, c.profile.num_steps = 5, 2
+  options = loop.LoopOptions.from_config(c)
+  assert (options.num_train_steps, options.log_every_steps,
+          options.eval_every_steps, options.checkpoint_every_steps,
+          options.max_consecutive_nonfinite, options.seed) == (
+              30, c.log_every_steps, c.eval_every_steps,
+              c.checkpoint_every_steps, c.max_consecutive_nonfinite, 5)
+  assert options.goodput == goodput.GoodputOptions.from_config(c.goodput)
+  assert options.profile == profiling.ProfileOptions.from_config(c.profile)
+  assert options.profile.num_steps == 2
+  assert options.loader_hint == (
+      f"raise config.data.num_workers (now {c.data.num_workers}) or "
+      f"config.data.prefetch (now {c.data.prefetch}), ")
+  tuned = loop.LoopOptions.from_config(config_lib.classify_config())
+  assert tuned.loader_hint == ""

@@ -177,6 +177,12 @@ def make_config(name="lamb", **optimizer):
   return config
 
 
+def check(config):
+  """`optim.check` of a whole config, as `config_check.check` calls it."""
+  optim.check(config.optimizer, job=config.job,
+              num_train_steps=config.get("num_train_steps"))
+
+
 def run_ours(tx, params, grads):
   """Applies `tx` to each gradient tree; returns the params after each.
 
@@ -237,7 +243,8 @@ def test_reference_covers_every_case():
 def test_lamb_matches_official():
   params = param_tree()
   grads = grad_trees(params, STEPS)
-  tx, _ = optim.make(make_config())
+  config = make_config()
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   ours, state = run_ours(tx, params, grads)
   official, opt = run_official(params, grads, lamb=True, init_lr=0.05,
                                num_train_steps=8, num_warmup_steps=2)
@@ -271,7 +278,8 @@ def test_lamb_trust_ratio_is_per_copy():
 def test_adamw_matches_official():
   params = param_tree()
   grads = grad_trees(params, STEPS)
-  tx, _ = optim.make(make_config("adamw"))
+  config = make_config("adamw")
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   ours, _ = run_ours(tx, params, grads)
   official, _ = run_official(params, grads, lamb=False, init_lr=0.05,
                              num_train_steps=8, num_warmup_steps=2)
@@ -282,7 +290,8 @@ def test_adamw_matches_official():
 def test_clip_norm_zero_disables_clipping(name):
   params = param_tree()
   grads = grad_trees(params, 4)
-  tx, _ = optim.make(make_config(name, clip_norm=0.0))
+  config = make_config(name, clip_norm=0.0)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   ours, _ = run_ours(tx, params, grads)
   official, _ = run_official(params, grads, lamb=name == "lamb",
                              init_lr=0.05, num_train_steps=8,
@@ -300,7 +309,8 @@ def test_clip_norm_zero_disables_clipping(name):
 def test_bias_correction_is_adams():
   params = param_tree()
   grads = grad_trees(params, 4)
-  tx, _ = optim.make(make_config(bias_correction=True))
+  config = make_config(bias_correction=True)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   ours, _ = run_ours(tx, params, grads)
   official, _ = run_official(params, grads, lamb=True, init_lr=0.05,
                              num_train_steps=8, num_warmup_steps=2,
@@ -420,7 +430,7 @@ def test_schedule_values(step, expected):
   # The schedule make() returns is the same one.
   config = make_config(learning_rate=PEAK, warmup_steps=WARMUP)
   config.num_train_steps = TOTAL
-  _, made = optim.make(config)
+  _, made = optim.make(config.optimizer, config.num_train_steps)
   assert float(made(step)) == float(schedule(step))
 
 
@@ -455,8 +465,9 @@ def test_schedule_options():
 
 
 def test_unknown_optimizer_is_refused():
+  config = make_config("sgd")
   with pytest.raises(ValueError, match=r"optimizer.name='sgd'.*adamw.*lamb"):
-    optim.make(make_config("sgd"))
+    optim.make(config.optimizer, config.num_train_steps)
 
 
 def test_weight_decay_zero_keeps_exclusions_out_of_trust_ratio():
@@ -464,7 +475,8 @@ def test_weight_decay_zero_keeps_exclusions_out_of_trust_ratio():
   excludes LayerNorm/bias."""
   params = param_tree()
   grads = grad_trees(params, 3)
-  tx, _ = optim.make(make_config(weight_decay=0.0))
+  config = make_config(weight_decay=0.0)
+  tx, _ = optim.make(config.optimizer, config.num_train_steps)
   ours, _ = run_ours(tx, params, grads)
   official, _ = run_official(params, grads, lamb=True, init_lr=0.05,
                              num_train_steps=8, num_warmup_steps=2,
@@ -487,7 +499,7 @@ def test_check_refuses_values_that_cannot_train(key, value, allowed):
   with c.unlocked(), c.optimizer.ignore_type():
     c.optimizer[key] = value
   with pytest.raises(ValueError) as error:
-    optim.check(c)
+    check(c)
   assert str(error.value) == (
       f"config.optimizer.{key}={value!r} must be {allowed}, e.g. "
       f"--config.optimizer.{key}={dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0, warmup_steps=0)[key]}.")
@@ -501,9 +513,9 @@ def test_check_accepts_every_shipped_config():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(None)
-    optim.check(config)
+    check(config)
     if config.get("finetune") is not None:
-      optim.check(config.finetune)
+      check(config.finetune)
 
 
 ################################################################################
@@ -603,10 +615,12 @@ def test_layer_decay_scales_each_adamw_step_exactly():
   config = make_config("adamw")
   with config.unlocked():
     config.job = "finetune"
-  plain, _ = run_ours(optim.make(config)[0], params, grads)
+  steps = config.num_train_steps
+  plain, _ = run_ours(optim.make(config.optimizer, steps)[0], params, grads)
   config.optimizer.layerwise_lr_decay = 0.5
-  optim.check(config)
-  decayed, _ = run_ours(optim.make(config, cfg)[0], params, grads)
+  check(config)
+  decayed, _ = run_ours(optim.make(config.optimizer, steps, cfg)[0], params,
+                        grads)
   factors = optim.layer_lr_multipliers(params, cfg, 0.5)
   # The first step's rate is 0 (warmup from 0), so both runs reach the
   # second step from the same parameters. Clipping is by the global norm of
@@ -626,7 +640,7 @@ def test_layer_decay_refuses_shared_stacks(share):
     config.job = "finetune"
   config.optimizer.layerwise_lr_decay = 0.8
   with pytest.raises(ValueError) as error:
-    optim.make(config, cfg)
+    optim.make(config.optimizer, config.num_train_steps, cfg)
   message = str(error.value)
   assert "\n" not in message
   assert message.startswith("optimizer.layerwise_lr_decay=0.8 needs a "
@@ -635,7 +649,7 @@ def test_layer_decay_refuses_shared_stacks(share):
   assert "layerwise_lr_decay=1.0" in message
   # Off, a shared stack trains as before.
   config.optimizer.layerwise_lr_decay = 1.0
-  optim.make(config, cfg)
+  optim.make(config.optimizer, config.num_train_steps, cfg)
 
 
 def test_layer_decay_check():
@@ -645,16 +659,17 @@ def test_layer_decay_check():
   with pytest.raises(ValueError, match=r"^config.optimizer.layerwise_lr_decay"
                      r"=0.9 is for fine-tuning; a pre-training run keeps it "
                      r"at 1.0\.$"):
-    optim.check(config)
+    check(config)
   with config.unlocked():
     config.job = "finetune"
-  optim.check(config)
+  check(config)
   for bad in (0.0, 1.5, float("nan")):
     config.optimizer.layerwise_lr_decay = bad
     with pytest.raises(ValueError, match=re.escape(
         f"config.optimizer.layerwise_lr_decay={bad!r} must be in (0, 1] "
         "(1: no decay), e.g. --config.optimizer.layerwise_lr_decay=1.0.")):
-      optim.check(config)
+      check(config)
   config.optimizer.layerwise_lr_decay = 0.9
   with pytest.raises(ValueError, match="applies to fine-tuning only"):
-    optim.make(config)  # no model: nothing to decay by
+    # No model: nothing to decay by.
+    optim.make(config.optimizer, config.num_train_steps)

@@ -104,6 +104,24 @@ def test_the_workdirs_own_tokenizer_is_fingerprinted(run):
   _refused(config, workdir, "data.tokenizer: no longer found")
 
 
+def test_the_data_sections_files_are_the_recipes(run):
+  """`data_files`, from the data section alone (what fine-tuning's data
+  check reads), is the recipe's "files": configured files, and the
+  workdir's own tokenizer where none is configured."""
+  config, workdir = run
+  files = recipe_lib.recipe(config, workdir)["files"]
+  assert set(files) == {"data.corpus", "data.tokenizer"}
+  assert recipe_lib.data_files(config.data, workdir) == files
+  config.data.tokenizer = ""
+  own = os.path.join(workdir, "spm", "spiece.model")
+  os.makedirs(os.path.dirname(own))
+  with open(own, "wb") as f:
+    f.write(b"trained in the workdir")
+  files = recipe_lib.recipe(config, workdir)["files"]
+  assert set(files) == {"data.corpus", "data.tokenizer"}
+  assert recipe_lib.data_files(config.data, workdir) == files
+
+
 def test_a_prepared_mixture_is_recorded_and_checked(run, tmp_path):
   config, workdir = run
   data = tmp_path / "data"

@@ -354,7 +354,9 @@ def test_workdir_bpe_is_trained_once_and_reused(corpus, tmp_path,
   (run / "bpe").mkdir()
   (run / "bpe" / "merges.txt").write_text("#version: 0.2\n",
                                           encoding="utf-8")
-  tok = run_tokenizer.ensure(config, str(run))
+  tok = run_tokenizer.ensure(config.data, str(run),
+                             vocab_size=config.model.vocab_size,
+                             seed=config.seed)
   assert tok.is_bpe and tok.vocab_size == 400
   assert tok.path == str(run / "bpe" / "tokenizer.json")
   assert sorted(os.listdir(run)) == ["bpe"]
@@ -365,11 +367,15 @@ def test_workdir_bpe_is_trained_once_and_reused(corpus, tmp_path,
     raise AssertionError("trained again")
   monkeypatch.setattr(text_train, "train", no_training)
   monkeypatch.setattr(text_train, "train_bpe", no_training)
-  again = run_tokenizer.ensure(config, str(run))
+  again = run_tokenizer.ensure(config.data, str(run),
+                               vocab_size=config.model.vocab_size,
+                               seed=config.seed)
   assert again.encode("Call me Ishmael.") == tok.encode("Call me Ishmael.")
   config.data.tokenizer_type = "wordpiece"
   with pytest.raises(ValueError, match="tokenizer_type='wordpiece'"):
-    run_tokenizer.ensure(config, str(tmp_path / "other"))
+    run_tokenizer.ensure(config.data, str(tmp_path / "other"),
+                         vocab_size=config.model.vocab_size,
+                         seed=config.seed)
 
 
 # --------------------------------------------------------------------------
@@ -541,8 +547,9 @@ def test_run_masks_change_between_epochs(run):
   def masks(dynamic):
     """{record: masked positions} for epochs 0 and 1 (one step = an epoch)."""
     recorded.data.dynamic_masking = dynamic
-    loader = pipeline.make_loader(recorded, data_dir, "train", vocab, None,
-                                  global_batch_size=n)
+    loader = pipeline.make_loader(recorded.data, recorded.masking, data_dir,
+                                  "train", vocab, None, global_batch_size=n,
+                                  seed=recorded.seed)
     epochs = []
     for step in (0, 1):
       records, _ = loader.record_indices(step)

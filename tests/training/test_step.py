@@ -219,7 +219,7 @@ def initial_state():
 def parts(**model):
   """(model, tx, schedule) for a model variant."""
   config = make_config(**model)
-  tx, schedule = optim.make(config)
+  tx, schedule = optim.make(config.optimizer, config.num_train_steps)
   return Albert(ModelConfig.from_dict(config.model)), tx, schedule
 
 
