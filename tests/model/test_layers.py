@@ -175,15 +175,18 @@ def test_gelu_values_are_jax_nn_gelu_bit_for_bit(name, approximate, dtype):
 
 @pytest.mark.parametrize("name, approximate", [("gelu_new", True),
                                                ("gelu", False)])
-def test_gelu_derivative_is_exact_and_finite_everywhere(name, approximate):
+def test_gelu_derivative_is_exact_and_finite_everywhere(name, approximate,
+                                                       production_compile):
   fn = layers.activation(name)
   x = jnp.asarray(X, jnp.float32)
-  slope = np.asarray(jax.jit(jax.vmap(jax.grad(fn)))(x))
+  slope = np.asarray(jax.jit(jax.vmap(jax.grad(fn)),
+                             compiler_options=production_compile)(x))
   assert np.all(np.isfinite(slope))
   # Where autodiff of the plain formula is finite, it agrees; the tanh
   # form's autodiff is NaN past |x| ~ 1e13 (0 · inf), this one is not.
   autodiff = np.asarray(jax.jit(jax.vmap(jax.grad(
-      lambda v: jax.nn.gelu(v, approximate=approximate))))(x))
+      lambda v: jax.nn.gelu(v, approximate=approximate))),
+                                 compiler_options=production_compile)(x))
   finite = np.isfinite(autodiff)
   assert finite[np.abs(X) <= 3e4].all()
   # Autodiff loses up to ~3.5e-6 in float32 where 1 ± tanh cancels (x near
@@ -212,14 +215,17 @@ def test_gelu_derivative_keeps_low_precision_dtypes(dtype):
 
 
 @pytest.mark.parametrize("approximate", [True, False])
-def test_gelu_second_derivative_matches_autodiff(approximate):
+def test_gelu_second_derivative_matches_autodiff(approximate,
+                                                production_compile):
   """The model needs only first derivatives; a custom JVP still gives
   correct higher ones (e.g. for a gradient penalty)."""
   fn = layers.gelu_tanh if approximate else layers.gelu_erf
   x = jnp.linspace(-8.0, 8.0, 801)
-  second = jax.jit(jax.vmap(jax.grad(jax.grad(fn))))(x)
+  second = jax.jit(jax.vmap(jax.grad(jax.grad(fn))),
+                   compiler_options=production_compile)(x)
   ref = jax.jit(jax.vmap(jax.grad(jax.grad(
-      lambda v: jax.nn.gelu(v, approximate=approximate)))))(x)
+      lambda v: jax.nn.gelu(v, approximate=approximate)))),
+                compiler_options=production_compile)(x)
   # Against float64 (a central difference of the exact slope): within
   # float32's rounding, and no further than autodiff's, which loses its
   # last digits where 1 ± tanh cancels.
