@@ -360,6 +360,22 @@ def pack_rows(lengths: Sequence[int], max_seq_length: int,
   return rows
 
 
+def rows_per_step(batch_size: int, num_items: int, num_rows: int,
+                  multiple: int = 1) -> int:
+  """Packed rows a training step takes to hold `batch_size` items (a
+  pre-training run's instances, a fine-tune's examples).
+
+  `num_items` items were packed into `num_rows` rows; a step takes
+  round(batch_size / (items per row)) rows, rounded up to a multiple of
+  `multiple` (data-parallel size × accumulation steps), at least one.
+  Rows are shuffled, so a step's items vary around `batch_size`; over an
+  epoch they average out to it.
+  """
+  per_row = num_items / num_rows
+  rows = max(1, round(batch_size / per_row))
+  return -(-rows // multiple) * multiple
+
+
 # On-disk record: label (int8), then tokens (int32) and token types (int8).
 _HEADER = np.dtype([("label", "<i1"), ("length", "<u4")])
 

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
+from albert_jax.data import instances as instances_lib
 from albert_jax.finetune import packing
 
 
@@ -130,7 +131,7 @@ class PackedBatches(_Steps):
   Epoch e packs the examples in the order of permutation (seed, e)
   (`packing.pack`, up to `per_row` a row) and shuffles the rows; the
   epochs' rows follow each other, and global step s takes rows s·R … s·R+R−1 of them, R =
-  `packing.rows_per_step` (from epoch 0's packing: the rows that hold
+  `instances.rows_per_step` (from epoch 0's packing: the rows that hold
   `batch_size` examples on average, a multiple of `multiple`). Epochs pack
   to slightly different row counts; a resumed run recomputes them.
 
@@ -156,7 +157,7 @@ class PackedBatches(_Steps):
     self._rows_so_far = [0]  # rows of the epochs before epoch e, e = index
     first = self._epoch(0)
     self.rows_per_epoch = len(first["input_ids"])
-    self.batch_size = packing.rows_per_step(  # rows a step takes
+    self.batch_size = instances_lib.rows_per_step(  # rows a step takes
         batch_size, self.num_examples, self.rows_per_epoch, multiple)
     self._local = _local_rows(sharding, self.batch_size)
 

@@ -26,7 +26,7 @@ go back to the examples' order (`unpack`).
 A packed batch's loss is the mean over its real examples, as an unpacked
 batch's is; `example_weights` gives the weights every sum uses.
 `batch_size` still counts examples: a training step takes the packed rows
-that hold that many on average (`rows_per_step`), so a run's steps, epochs
+that hold that many on average (`data.instances.rows_per_step`), so a run's steps, epochs
 and learning rate mean what they mean unpacked, and its steps are cheaper.
 """
 
@@ -184,21 +184,6 @@ def pack(features: dict[str, np.ndarray], per_row: int,
         out[k][row, slot] = features[k][i]
       at += m
   return out
-
-
-def rows_per_step(batch_size: int, num_examples: int, num_rows: int,
-                  multiple: int = 1) -> int:
-  """Packed rows a training step takes to hold `batch_size` examples.
-
-  `num_examples` examples were packed into `num_rows` rows; a step takes
-  round(batch_size / (examples per row)) rows, rounded up to a multiple of
-  `multiple` (data-parallel size × accumulation steps), at least one.
-  Rows are shuffled, so a step's examples vary around `batch_size`; over an
-  epoch they average out to it exactly.
-  """
-  per_row = num_examples / num_rows
-  rows = max(1, round(batch_size / per_row))
-  return -(-rows // multiple) * multiple
 
 
 def unpack(predictions: dict[str, np.ndarray], packed: dict[str, np.ndarray],

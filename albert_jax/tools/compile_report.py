@@ -123,13 +123,16 @@ def _program_lines(result: dict[str, Any]) -> list[str]:
 
 
 def _packed_rows(result: dict[str, Any]) -> str:
-  """For a packed fine-tune, what the batch line's rows mean: the run takes
-  the rows that hold batch_size examples, fewer than batch_size."""
+  """For a packed run, what the batch line's rows mean: the run takes the
+  rows that hold batch_size examples (a fine-tune) or instances
+  (pre-training), fewer than batch_size."""
   pack = result.get("examples_per_row", 0)
   if not pack:
     return ""
-  return (f"; packed, up to {pack} examples a row: a run takes the rows that "
-          "hold batch_size examples (fewer), so this compile of batch_size "
+  items = ("examples" if str(result.get("target", "")).startswith("finetune")
+           else "instances")
+  return (f"; packed, up to {pack} {items} a row: a run takes the rows that "
+          f"hold batch_size {items} (fewer), so this compile of batch_size "
           "rows is an upper bound")
 
 

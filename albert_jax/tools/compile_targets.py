@@ -47,7 +47,8 @@ class Target:
     attention_flops_per_step: the part of it in attention's two T × T
       matmuls (QKᵀ and PV).
     bf16_as_float16: bfloat16 was compiled as float16 (CPU).
-    examples_per_row: a fine-tune's K examples packed a row (0: one).
+    examples_per_row: K, the examples (a fine-tune's) or instances
+      (pre-training's) packed a row (0: one a row).
   """
   name: str
   model_config: ModelConfig
@@ -97,7 +98,7 @@ def pretrain(spec: run_spec.RunSpec, bf16_as_float16: bool) -> Target:
   return Target(spec.kind, spec.model_config, spec.init_params,
                 spec.objective, spec.batch_schema, spec.flops_per_step,
                 flops_lib.TRAINING_MULTIPLIER * spec.batch_size * attention,
-                bf16_as_float16)
+                bf16_as_float16, examples_per_row=spec.max_per_row)
 
 
 def finetune_model_config(model, init: str) -> ModelConfig:

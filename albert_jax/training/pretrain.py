@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import sharding as sharding_lib
+from albert_jax.data import instances as instances_lib
 from albert_jax.data import loader as loader_lib
 from albert_jax.data import pipeline
 from albert_jax.text import run_tokenizer
 from albert_jax.training import optimizer as optim
+from albert_jax.training import recipe as recipe_lib
 from albert_jax.training import run_setup
 from albert_jax.training import run_spec
 from albert_jax.training import state as state_lib
@@ -80,6 +82,46 @@ def run(config, workdir: str) -> dict[str, Any]:
     return _train(config, r)
 
 
+def rows_per_step(config, data_dir: str, workdir: str, multiple: int) -> int:
+  """The rows a training step takes.
+
+  One instance a row: `batch_size`. Packed (`data.pack` = K): `batch_size`
+  counts instances, as a fine-tune's counts examples, and a step takes the
+  rows that hold that many on average (`instances.rows_per_step`, from the
+  prepared train split's instances per row, rounded to a multiple of
+  `multiple`, data-parallel size × accumulation steps). A packed run so
+  keeps its recipe's instances per step, learning rate and epochs, and its
+  steps are cheaper. The number is fixed when the run starts (its recipe
+  records it) and a resume keeps it whatever the mesh; a workdir started
+  before packed steps were counted in instances resumes with `batch_size`
+  rows, what it trained with.
+
+  Raises:
+    ValueError: a resume whose recorded rows do not split over `multiple`.
+  """
+  if not config.data.pack:
+    return config.batch_size
+  recorded = recipe_lib.read(workdir)
+  if recorded is not None:
+    rows = int(recorded.get("rows_per_step", config.batch_size))
+    if rows % multiple:
+      raise ValueError(
+          f"{workdir} trains {rows} packed rows a step (its "
+          f"{recipe_lib.RECIPE}), which do not divide over the data-parallel "
+          f"size × accumulation_steps ({multiple}) of this mesh; resume with "
+          "a --config.mesh or --config.accumulation_steps that divides "
+          f"{rows}.")
+    return rows
+  split = loader_lib.read_metadata(data_dir)["splits"]["train"]
+  rows = instances_lib.rows_per_step(
+      config.batch_size, int(split["instances"]),
+      int(split.get("rows", split["instances"])), multiple)
+  log.info("Packed rows: %d a step hold batch_size=%d instances on average "
+           "(%.2f a row).", rows, config.batch_size,
+           int(split["instances"]) / int(split.get("rows", split["instances"])))
+  return rows
+
+
 def _train(config, r: run_setup.Run) -> dict[str, Any]:
   """`run`'s work, with the workdir checked and leased."""
   ##############################################################################
@@ -92,10 +134,14 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
                                      seed=config.seed)
   vocab = loader_lib.Vocabulary.from_tokenizer(tokenizer)
 
+  rows = rows_per_step(config, data_dir, r.workdir,
+                       sharding_lib.data_parallel_size(r.mesh)
+                       * config.accumulation_steps)
+
   ##############################################################################
   # Model and optimizer.
   ##############################################################################
-  spec = run_spec.run_spec(config)
+  spec = run_spec.run_spec(config, batch_size=rows)
   objective = spec.objective
   tx, schedule = optim.make(config.optimizer, config.num_train_steps)
 
@@ -104,7 +150,7 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   start = r.restore_or_create(state_lib.state_init_fn(spec.init_params, tx),
                               tx, best_metric=config.best_metric)
-  r.record_config()
+  r.record_config(rows if config.data.pack else None)
 
   ##############################################################################
   # Data, steps and what users see.
@@ -112,12 +158,12 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   masking = config.masking if spec.masked else None
   train_loader = pipeline.make_loader(
       config.data, masking, data_dir, "train", vocab, r.data_sharding,
-      global_batch_size=config.batch_size, seed=config.seed)
+      global_batch_size=rows, seed=config.seed)
   eval_loader = None
   if pipeline.has_split(data_dir, "eval") and config.eval_batches > 0:
     eval_loader = pipeline.make_loader(
         config.data, masking, data_dir, "eval", vocab, r.data_sharding,
-        global_batch_size=config.batch_size, seed=config.seed + 1)
+        global_batch_size=rows, seed=config.seed + 1)
   train = r.jit_train_step(objective, tx, schedule, start.shardings)
   eval_step = sharding_lib.jit_in_mesh(
       step_lib.make_eval_step(objective), r.mesh, r.rules,
@@ -137,7 +183,7 @@ def _train(config, r: run_setup.Run) -> dict[str, Any]:
   ##############################################################################
   out = r.fit(start, train, train_loader,
               evaluate=run_eval if eval_loader is not None else None,
-              flops_per_step=spec.flops_per_step,
+              flops_per_step=spec.flops_per_step, rows_per_step=rows,
               tokens_per_sequence=config.data.max_seq_length,
               best_key=config.best_metric)
   if out.preempted_at is not None:

@@ -14,6 +14,9 @@ WORKDIR/recipe.json holds
     workdir. A file may move (another path, a copy in another bucket); its
     content may not change;
   - "num_train_steps", which may grow but not shrink;
+  - "rows_per_step", for a packed pre-training run: the rows a step takes
+    to hold `batch_size` instances, fixed when the run starts and kept by
+    every resume (whatever the mesh), so its batches stay the same;
   - under "config", "data.mixture": the inputs, formats and weights a
     prepared data_dir was mixed from (its dataset.json's "mixture"), so a
     resume on data mixed otherwise names the weights that changed.
@@ -236,9 +239,13 @@ def check(config, workdir: str) -> None:
         f"on resume: {', '.join(MAY_CHANGE)} (num_train_steps upwards).")
 
 
-def record(config, workdir: str) -> None:
-  """Writes WORKDIR/recipe.json (process 0 only)."""
+def record(config, workdir: str, rows_per_step: int | None = None) -> None:
+  """Writes WORKDIR/recipe.json (process 0 only), with `rows_per_step`
+  where given (a packed pre-training run's)."""
   if jax.process_index() != 0:
     return
+  values = recipe(config, workdir)
+  if rows_per_step is not None:
+    values["rows_per_step"] = rows_per_step
   storage.write_atomic(storage.path(workdir) / RECIPE, json.dumps(
-      recipe(config, workdir), indent=2, sort_keys=True))
+      values, indent=2, sort_keys=True))

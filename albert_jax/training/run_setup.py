@@ -107,14 +107,16 @@ def prepare_workdir(workdir: str) -> None:
         "gs://BUCKET/albert_run.") from e
 
 
-def record_config(config, workdir: str) -> None:
-  """Writes the resolved config, its recipe (`recipe.record`) and the git
-  commit beside the checkpoints.
+def record_config(config, workdir: str,
+                  rows_per_step: int | None = None) -> None:
+  """Writes the resolved config, its recipe (`recipe.record`, with a packed
+  pre-training run's `rows_per_step`) and the git commit beside the
+  checkpoints.
 
   Called once the state is known to fit the config, so a rerun with another
   config cannot leave a config.json that does not describe the checkpoints.
   """
-  recipe.record(config, workdir)
+  recipe.record(config, workdir, rows_per_step)
   if jax.process_index() == 0:
     root = storage.path(workdir)
     storage.write_atomic(root / "config.json",
@@ -210,8 +212,8 @@ class Run:
                              self.rules, best_metric=best_metric,
                              on_create=on_create)
 
-  def record_config(self) -> None:
-    record_config(self.config, self.workdir)
+  def record_config(self, rows_per_step: int | None = None) -> None:
+    record_config(self.config, self.workdir, rows_per_step)
 
   def jit_train_step(self, objective, tx, schedule, shardings) -> Callable:
     """The objective's train step (`step.make_train_step`), jitted onto the

@@ -601,3 +601,15 @@ def test_packed_record_round_trip(corpus):
   for bad in (b"", record[:-1], record + b"\x00", b"\x03" + record[1:]):
     with pytest.raises(ValueError):
       inst_lib.from_bytes_packed(bad)
+
+
+@pytest.mark.parametrize("batch,examples,rows,multiple,want", [
+    (32, 110, 32, 1, 9),    # 3.44 a row: 9.3 rows → 9
+    (32, 100, 40, 1, 13),   # 2.5 a row: 12.8 → 13
+    (32, 110, 32, 4, 12),   # 9, up to a multiple of 4 devices
+    (4, 64, 8, 1, 1),       # 8 a row: half a row → one
+    (4, 64, 8, 2, 2),
+    (16, 16, 16, 1, 16),    # one a row: unchanged
+])
+def test_rows_per_step(batch, examples, rows, multiple, want):
+  assert inst_lib.rows_per_step(batch, examples, rows, multiple) == want

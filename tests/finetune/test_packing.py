@@ -136,18 +136,6 @@ def test_pack_properties(lengths, per_row):
   np.testing.assert_array_equal(back["tags"], want)
 
 
-@pytest.mark.parametrize("batch,examples,rows,multiple,want", [
-    (32, 110, 32, 1, 9),    # 3.44 a row: 9.3 rows → 9
-    (32, 100, 40, 1, 13),   # 2.5 a row: 12.8 → 13
-    (32, 110, 32, 4, 12),   # 9, up to a multiple of 4 devices
-    (4, 64, 8, 1, 1),       # 8 a row: half a row → one
-    (4, 64, 8, 2, 2),
-    (16, 16, 16, 1, 16),    # one a row: unchanged
-])
-def test_rows_per_step(batch, examples, rows, multiple, want):
-  assert packing.rows_per_step(batch, examples, rows, multiple) == want
-
-
 def _packed_batches(seed=0, batch=12, n=50):
   lengths = np.random.default_rng(7).integers(2, 9, n)
   return batching.PackedBatches(_examples(lengths), 4, batch, seed=seed)

@@ -156,6 +156,27 @@ def test_fits_and_budget():
   assert compile_report.fits(1, None) is None
 
 
+def test_a_packed_pretraining_compile_says_its_rows_bound_the_run():
+  """Packed pre-training (data.pack=3) compiles batch_size rows, the most a
+  run can take (it takes the rows that hold batch_size instances), and the
+  report says so. One CPU device, in process."""
+  from albert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from albert_jax.tools import compile_only  # pylint: disable=g-import-not-at-top
+  from albert_jax.tools import compile_report  # pylint: disable=g-import-not-at-top
+  config = config_lib.base_config(config_lib.tiny_model(), batch_size=4,
+                                  max_seq_length=32, max_predictions=5)
+  config.data.pack = 3
+  config.mesh = [("data", 1)]
+  result = compile_only.analyse(config)
+  assert result["target"] == "masked_lm" and result["examples_per_row"] == 3
+  assert ("  batch: 4 global, 4 per data-parallel shard, 1 micro-batch of "
+          "4; seq 32; optimizer lamb; packed, up to 3 instances a row: a run "
+          "takes the rows that hold batch_size instances (fewer), so this "
+          "compile of batch_size rows is an upper bound\n"
+          ) in compile_report.format_report(
+              compile_report.StepShape.from_config(config), result)
+
+
 def test_parse_mesh():
   from albert_jax.tools import compile_only  # pylint: disable=g-import-not-at-top
   pairs = (("data", 16), ("fsdp", -1))

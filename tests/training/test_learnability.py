@@ -368,15 +368,19 @@ def test_sentence_order_is_learned_from_packed_rows(tmp_path):
   """The SOP case with data.pack=3: several instances per row, each scored
   at its own [CLS]. Held-out SOP >= 0.95 and MLM well above the unigram
   baseline, with the run's own metrics reporting under 10% padding (the
-  corpus's documents fill about half a row each). Measured: held-out SOP
-  0.969, MLM 0.159 (baseline 0.037), padding 2.8%; with 16 rows a step
-  (about the unpacked case's instances) SOP reached only 0.947."""
+  corpus's documents fill about half a row each). batch_size counts
+  instances: 44 are the 32 rows a step of this data (1.38 a row).
+  Measured: held-out SOP 0.969, MLM 0.159 (baseline 0.037), padding 2.8%;
+  with 16 rows a step (about the unpacked case's instances) SOP reached
+  only 0.947."""
   corpus = write_corpus(tmp_path / "sop.txt", sop_docs(2000))
   c = short_run(masked_lm_config(), corpus, steps=400, learning_rate=5e-3,
-                batch_size=32, seq_len=64)
+                batch_size=44, seq_len=64)
   c.data.objective = "sop"
   c.data.pack = 3
   final = run(c, tmp_path / "run")
+  with open(tmp_path / "run" / "recipe.json", encoding="utf-8") as f:
+    assert json.load(f)["rows_per_step"] == 32
   assert final["eval_padding_fraction"] < 0.1, final
   assert final["eval_sop_accuracy"] >= 0.95, final
   assert final["eval_mlm_accuracy"] > 2 * final[

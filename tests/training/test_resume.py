@@ -393,7 +393,9 @@ def test_packed_run_resumes_bitwise(tiny_spm, tmp_path):
   from locations import CORPUS  # pylint: disable=g-import-not-at-top
   with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
     lines = [" ".join(l.split()[:4]) for l in itertools.islice(f, 300)]
-  docs = [[s for s in lines[i:i + 3] if s] for i in range(0, len(lines), 3)]
+  # Two short sentences a document: instances of about half a row, so
+  # most rows hold two.
+  docs = [[s for s in lines[i:i + 2] if s] for i in range(0, len(lines), 2)]
   data_dir = str(tmp_path / "data")
   meta = prepare.prepare(iter(docs), prepare.PrepareConfig(
       tokenizer=tiny_spm, output_dir=data_dir, max_seq_length=SEQ, pack=2,
@@ -412,6 +414,12 @@ def test_packed_run_resumes_bitwise(tiny_spm, tmp_path):
   c.optimizer.warmup_steps = 2
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   pretrain.run(c, straight)
+  # batch_size counts instances: the run took the rows that hold 8, and its
+  # recipe keeps the number for every resume.
+  split = meta["splits"]["train"]
+  with open(os.path.join(straight, "recipe.json"), encoding="utf-8") as f:
+    rows = json.load(f)["rows_per_step"]
+  assert rows == round(8 * split["rows"] / split["instances"]) < 8, split
   # The same run again would be this one, byte for byte: a copy of its
   # workdir stands for it.
   shutil.copytree(straight, resumed)
