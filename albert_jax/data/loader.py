@@ -182,6 +182,30 @@ _DAMAGED_FIX = ("Prepare the data again (python -m albert_jax.data.prepare) "
                 "into a new --output_dir, or restore the file from a copy.")
 
 
+def step_positions(step: int, global_batch_size: int,
+                   rows: slice | None = None) -> np.ndarray:
+  """The positions global step `step` takes in the endless stream of
+  epochs (epoch after epoch, each its own order of the items): s·B …
+  s·B+B−1, B = `global_batch_size`, or the host's `rows` of them; [b]
+  int64. Position p is in epoch p // N (N items an epoch, or a packed
+  epoch's rows).
+
+  Every step-indexed batch source reads its steps through this (the
+  pre-training `Loader`, fine-tuning's `ArrayBatches` and `PackedBatches`),
+  each with its own order of an epoch, so a batch is a function of (seed,
+  step) alone and a resumed run takes exactly the batches an unbroken run
+  would have.
+
+  Raises:
+    ValueError: a negative step.
+  """
+  if step < 0:
+    raise ValueError(f"step must be >= 0, got {step}.")
+  rows = slice(0, global_batch_size) if rows is None else rows
+  return step * global_batch_size + np.arange(rows.start, rows.stop,
+                                              dtype=np.int64)
+
+
 class Loader:
   """Masked pre-training batches for one host.
 
@@ -294,9 +318,9 @@ class Loader:
 
   def record_indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
     """This host's (record ids, epochs) of global step `step`, each [b]."""
-    b = self.local_batch_size
-    first = step * self.global_batch_size + self._first_row
-    positions = first + np.arange(b, dtype=np.int64)
+    positions = step_positions(
+        step, self.global_batch_size,
+        slice(self._first_row, self._first_row + self.local_batch_size))
     records = np.array([self._order[int(p)] for p in positions], np.int64)
     return records, positions // self.num_records
 

@@ -3,7 +3,8 @@
 Fine-tuning sets fit in host memory once featurised, so batching is indexing.
 Training batches are a pure function of (seed, step): each epoch is a fresh
 permutation of the rows, and global step s takes rows s·B … s·B+B−1 of the
-concatenated epochs, so a resumed run sees exactly the batches an
+concatenated epochs (`data.loader.step_positions`, the pre-training
+loader's rule too), so a resumed run sees exactly the batches an
 uninterrupted one would. Evaluation goes through the rows in order; the last
 batch is padded with copies of row 0 whose weight is 0.
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from albert_jax import sharding as sharding_lib
 from albert_jax.data import instances as instances_lib
+from albert_jax.data import loader as loader_lib
 from albert_jax.finetune import packing
 
 
@@ -87,9 +89,7 @@ class ArrayBatches(_Steps):
 
   def train_rows(self, step: int) -> np.ndarray:
     """Row indices [B] of global training step `step`."""
-    if step < 0:
-      raise ValueError(f"step must be >= 0, got {step}.")
-    positions = step * self.batch_size + np.arange(self.batch_size)
+    positions = loader_lib.step_positions(step, self.batch_size)
     epochs, within = np.divmod(positions, self.num_rows)
     return np.array([self._order(int(e))[w] for e, w in zip(epochs, within)],
                     np.int64)
@@ -187,9 +187,8 @@ class PackedBatches(_Steps):
   def train_rows(self, step: int) -> list[tuple[int, np.ndarray]]:
     """Global step `step`'s rows, in order: (epoch, rows of that epoch's
     packing) for each epoch they come from."""
-    if step < 0:
-      raise ValueError(f"step must be >= 0, got {step}.")
-    position, end = step * self.batch_size, (step + 1) * self.batch_size
+    positions = loader_lib.step_positions(step, self.batch_size)
+    position, end = int(positions[0]), int(positions[-1]) + 1
     epoch = 0
     while self._epoch_start(epoch + 1) <= position:
       epoch += 1

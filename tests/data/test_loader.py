@@ -461,3 +461,17 @@ def test_packed_batches_resume_exactly(packed_dir, vocab):
     for x, y in zip(run[k:], _steps(_loader(packed_dir[0], vocab), k,
                                     8 - k)):
       _assert_equal(x, y)
+
+
+def test_step_positions_are_the_steps_slice_of_the_endless_stream():
+  """Step s takes positions s·B … s·B+B−1; a host its rows of them; the
+  rule every step-indexed batch source (this loader, fine-tuning's
+  batches) reads its steps by."""
+  np.testing.assert_array_equal(loader_lib.step_positions(0, 4), [0, 1, 2, 3])
+  np.testing.assert_array_equal(loader_lib.step_positions(3, 4),
+                                [12, 13, 14, 15])
+  np.testing.assert_array_equal(
+      loader_lib.step_positions(3, 8, slice(4, 8)), [28, 29, 30, 31])
+  assert loader_lib.step_positions(2, 4).dtype == np.int64
+  with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+    loader_lib.step_positions(-1, 4)
