@@ -26,8 +26,9 @@ go back to the examples' order (`unpack`).
 A packed batch's loss is the mean over its real examples, as an unpacked
 batch's is; `example_weights` gives the weights every sum uses.
 `batch_size` still counts examples: a training step takes the packed rows
-that hold that many on average (`data.instances.rows_per_step`), so a run's steps, epochs
-and learning rate mean what they mean unpacked, and its steps are cheaper.
+that hold that many on average (`data.instances.rows_per_step`), so a run's
+steps, epochs and learning rate mean what they mean unpacked, and its steps
+are cheaper.
 """
 
 from __future__ import annotations

@@ -113,12 +113,14 @@ def rows_per_step(config, data_dir: str, workdir: str, multiple: int) -> int:
           f"{rows}.")
     return rows
   split = loader_lib.read_metadata(data_dir)["splits"]["train"]
-  rows = instances_lib.rows_per_step(
-      config.batch_size, int(split["instances"]),
-      int(split.get("rows", split["instances"])), multiple)
+  instances = int(split["instances"])
+  packed = int(split.get("rows", instances))
+  if not packed:
+    return config.batch_size  # no train rows: the loader says so
+  rows = instances_lib.rows_per_step(config.batch_size, instances, packed,
+                                     multiple)
   log.info("Packed rows: %d a step hold batch_size=%d instances on average "
-           "(%.2f a row).", rows, config.batch_size,
-           int(split["instances"]) / int(split.get("rows", split["instances"])))
+           "(%.2f a row).", rows, config.batch_size, instances / packed)
   return rows
 
 

@@ -79,3 +79,11 @@ def test_a_packed_workdir_of_an_earlier_version_resumes_with_batch_size_rows(
       (workdir / recipe.RECIPE).read_text())
   assert pretrain.rows_per_step(c, _data_dir(tmp_path, 110, 40),
                                 str(workdir), 1) == 32
+
+
+def test_a_split_without_rows_leaves_the_refusal_to_the_loader(tmp_path):
+  """No division by zero here: the loader names an empty split itself."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  assert pretrain.rows_per_step(_config(3), _data_dir(tmp_path, 0, 0),
+                                str(workdir), 1) == 32
