@@ -18,13 +18,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # level pin the compiler's defaults (`PRODUCTION_COMPILE`). Set before JAX
 # starts its backend, and inherited by the processes tests start. Not
 # `--xla_cpu_use_fusion_emitters=false`: libtpu, loaded by the TPU compile
-# tests in these processes, aborts on it.
+# tests in these processes, aborts on it. Only where the tests run on CPU:
+# on a GPU the same flags would lower XLA's kernels at -O0 beside the
+# kernels under test.
 FAST_XLA_FLAGS = ("--xla_backend_optimization_level=0",
                   "--xla_llvm_disable_expensive_passes=true")
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", "")] +
-    [f for f in FAST_XLA_FLAGS
-     if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
+if os.environ["JAX_PLATFORMS"] == "cpu":
+  os.environ["XLA_FLAGS"] = " ".join(
+      [os.environ.get("XLA_FLAGS", "")] +
+      [f for f in FAST_XLA_FLAGS
+       if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
 
 import jax  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
