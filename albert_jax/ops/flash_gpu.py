@@ -73,13 +73,21 @@ class BlockSizes:
     block_kv_dkv: dk/dv kernel, key rows per thread block.
     use_schedule_barrier: alternate the forward's two compute warpgroups on
       the tensor cores.
+
+  The backward's tiles are the fastest of a sweep on an H200 (experiments/
+  benchmarks/flash_gpu_blocks.py, 2026-11-28; BENCHMARKS.md "On an H200"):
+  128 query rows in both backward kernels, forward + backward 263 → 298
+  TFLOP/s at seq 2048 without a mask and 165 → 186 at seq 512 with padded
+  rows (64 everywhere before), the best of the 16 backward candidates at
+  both lengths. The forward's are unchanged: its best at seq 512 (block_q
+  128, 8% faster) pads sequences to 256, which costs more at 128 and 384.
   """
   block_q: int = 64
   block_kv: int = 128
   max_concurrent_steps: int = 2
-  block_q_dq: int = 64
+  block_q_dq: int = 128
   block_kv_dq: int = 64
-  block_q_dkv: int = 64
+  block_q_dkv: int = 128
   block_kv_dkv: int = 64
   use_schedule_barrier: bool = True
 

@@ -27,6 +27,12 @@ as much as the kernels (cuDNN's s512 forward showed 75 TFLOP/s there, over
 300 in the train step's own trace). Its rate here is that measurement
 scaled by how much faster cuDNN without a mask ran back to back than per
 call at the same length (`rate`).
+
+The Pallas backward's tiles changed after this table (`flash_gpu.
+BlockSizes`: on an H200 its forward + backward ran 13% faster at seq 512
+with padded rows and at seq 2048, still below cuDNN at both): its Pallas
+rates are those of the earlier tiles, so `auto` and the roofline understate
+the kernel by up to that much until an H100 measures it again.
 """
 
 from __future__ import annotations
