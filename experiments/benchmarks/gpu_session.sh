@@ -13,15 +13,15 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux2014_x86_64 -d .whl ml_collections==1.1.0
 #
-# Steps, most needed first: the GPU tests (the two of right-padded rows
-# first: no earlier call reached them); the albert_jax train step at
-# large/512/b32 beside the same step without CUDA graphs and HF
-# torch.compile; the Pallas kernels' tile sweep (backward at s2048, then
-# both kernels at s512 with padded rows, cuDNN beside them); base/128/b128
-# against torch.compile. Earlier calls' traces are the step breakdown's
-# fixtures already; no profile is taken. It calls python3 directly (a shell
-# wrapper once hung the first import) and puts the checkout on PYTHONPATH
-# rather than installing it.
+# Steps, most needed first: the GPU tests (right-padded rows first); the
+# albert_jax train step at large/512/b32 beside HF torch.compile, with one
+# profiled step whose trace, HLO and the package's breakdown come back (on
+# the H200 of 2026-11-28 the step gained 4% on the H100's where the model
+# of its memory-bound kernels expected about 9%: the trace says where it
+# went); base/128/b128 against torch.compile; the Pallas kernels' tiles at
+# seq 128 (the sweeps of 2026-11-28 covered 512 and 2048). It calls python3
+# directly (a shell wrapper once hung the first import) and puts the
+# checkout on PYTHONPATH rather than installing it.
 set -u
 out=${OUT:-/tmp/gpu_session}
 mkdir -p "$out"
@@ -52,21 +52,18 @@ step 40 "jax sees the GPU" python3 -c \
 tests="python3 -m pytest -v -p no:cacheprovider --timeout 60 tests/ops/test_flash_gpu.py"
 step 70 "GPU tests: right-padded rows" $tests -k right_padded
 step 70 "GPU tests: the rest" $tests -k "not right_padded"
-# The step as the library compiles it, beside a row without CUDA graphs
-# (an H100 trace of 2026-11-27 spent 5.7 ms updating and launching the
-# step's graph before its first kernel) and torch.compile; both timings
-# (blocking, pipelined).
 step 200 "train step large/512/b32" python3 experiments/benchmarks/train_step.py \
   --device gpu --sizes large --seqs 512 --batch 32 --dtype bfloat16 \
-  --impls jax_adamw,hf_compile --xla xla_gpu_enable_command_buffer= \
-  --steps 10 --warmup 3 --json "$out/train_large.json"
-step 75 "Pallas tiles: backward, s2048" python3 experiments/benchmarks/flash_gpu_blocks.py \
-  --seqs 2048 --kinds bwd --seconds 60 --json "$out/blocks_2048.json"
-step 100 "train step base/128/b128" python3 experiments/benchmarks/train_step.py \
+  --impls jax_adamw,hf_compile --steps 10 --warmup 3 \
+  --profile /tmp/profile --profile_steps 1 --json "$out/train_large.json"
+run=/tmp/profile/large_512_jax_adamw
+f=$(find "$run" -name '*.xplane.pb' 2>/dev/null | head -1)
+[ -n "$f" ] && gzip -c "$f" > "$out/large_512_jax_adamw.xplane.pb.gz"
+[ -f "$run/step.hlo.txt" ] && gzip -c "$run/step.hlo.txt" > "$out/large_512_jax_adamw.hlo.txt.gz"
+step 130 "train step base/128/b128" python3 experiments/benchmarks/train_step.py \
   --device gpu --sizes base --seqs 128 --batch 128 --dtype bfloat16 \
-  --impls jax_adamw,hf_compile --xla xla_gpu_enable_command_buffer= \
-  --steps 10 --warmup 3 --json "$out/train_base.json"
-step 60 "Pallas tiles: s512, padded rows" python3 experiments/benchmarks/flash_gpu_blocks.py \
-  --seqs 512 --mask padded --seconds 45 --json "$out/blocks_512.json"
+  --impls jax_adamw,hf_compile --steps 10 --warmup 3 --json "$out/train_base.json"
+step 70 "Pallas tiles: s128, padded rows" python3 experiments/benchmarks/flash_gpu_blocks.py \
+  --seqs 128 --mask padded --seconds 55 --json "$out/blocks_128.json"
 ls -la "$out" | tee -a "$log"
 echo "done $(date -u +%H:%M:%S)" | tee -a "$log"
