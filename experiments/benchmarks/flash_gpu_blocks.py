@@ -117,8 +117,8 @@ def sweep(seq, args, deadline):
                    max_error=max_error(fn(*inputs), want, ids)))
   print(f"seq {seq}: cudnn fwd+bwd {rows[-1]['fwd_bwd_tflops']:.1f} TFLOP/s",
         flush=True)
-  for kind, sizes in candidates():
-    if kind not in ("default", *args.kinds):
+  for i, (kind, sizes) in enumerate(candidates()):
+    if kind not in ("default", *args.kinds) or 0 < i <= args.skip:
       continue
     if time.monotonic() > deadline:
       print(f"seq {seq}: out of time, {kind} {label(sizes)} and later not "
@@ -182,6 +182,9 @@ def main(argv=None):
   p.add_argument("--kinds", nargs="+", default=["bwd", "fwd"],
                  choices=["bwd", "fwd"],
                  help="which kernels' tiles to sweep (the defaults always run)")
+  p.add_argument("--skip", type=int, default=0,
+                 help="leave out the first N candidates after the defaults "
+                      "(those an earlier call timed)")
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--seconds", type=float, default=150.0,
