@@ -131,7 +131,7 @@ def test_unfixes_switch_the_library_changes_off():
 
 
 @pytest.mark.parametrize("spec", ["+fused_qkv", "+dw_swap", "-attn_rows",
-                                  "-ffn_act_remat"])
+                                  "-ffn_act_remat", "-key_bias"])
 def test_variants_compute_the_same_loss_and_gradients(spec, fast_compile):
   """A candidate, or a library change switched off, is timed on the
   library's parameters: same tree, same loss and gradients (to float32

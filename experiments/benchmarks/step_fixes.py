@@ -70,6 +70,21 @@ def ffn_keeps_activation():
   return _patched(encoder.FFNBlock, "recompute_activation", False)
 
 
+def key_bias():
+  """`encoder.AttentionBlock` as it was: the key's bias added to the keys
+  (softmax removes it again)."""
+  library = encoder.AttentionBlock.project_qkv
+
+  def with_key_bias(block, x):
+    q, k, v = library(block, x)
+    if block.is_initializing():
+      return q, k, v
+    bias = block.variables["params"]["key"]["bias"]
+    return q, k + bias.astype(k.dtype), v
+
+  return _patched(encoder.AttentionBlock, "project_qkv", with_key_bias)
+
+
 def _attention_two_arrays(q, k, v, mask, dropout_rate, dropout_rng,
                           deterministic):
   """`attention._xla_attention` as it was: 1/√d on the [B, N, T, T]
@@ -181,6 +196,8 @@ UNFIXES = {
     "attn_rows": ("ops.attention: 1/√d on the logits, jax.nn.softmax, "
                   "padding queries zeroed in the probabilities", {},
                   attention_two_arrays),
+    "key_bias": ("encoder.AttentionBlock: the key's bias added to the keys",
+                 {}, key_bias),
     "layer_scan": ("model.layer_loop='scan': the layer scan as a loop on "
                    "every platform (auto unrolls it on GPU)",
                    {"layer_loop": "scan"}, contextlib.nullcontext),

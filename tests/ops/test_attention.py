@@ -122,6 +122,45 @@ def test_causal_attention_matches_reference(batch, q_len, kv_len,
                                          causal=True))
 
 
+@FAST
+@hypothesis.given(length=st.integers(1, 7), num_segments=st.integers(0, 3),
+                  causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_key_bias_cancels_and_value_bias_passes_through(length, num_segments,
+                                                        causal, seed):
+  """What the model's attention block relies on (`encoder.AttentionBlock`):
+  a bias on the keys shifts each query's logits by one constant, which
+  softmax removes, also under dropout of the probabilities; a bias on the
+  values comes out unchanged on every row that sees a key (and not at all
+  on rows that see none), which dropout breaks (kept probabilities no
+  longer sum to 1)."""
+  rng = np.random.default_rng(seed)
+  q, k, v = _qkv(rng, 2, length, length, 2, 4)
+  b_k, b_v = (jnp.asarray(rng.normal(size=(2, 4)) * 3, jnp.float32)
+              for _ in range(2))
+  ids = (None if num_segments == 0 else
+         jnp.asarray(rng.integers(0, num_segments + 1, size=(2, length))))
+  run = functools.partial(attend, segment_ids=ids, causal=causal)
+  out = run(q, k, v)
+  _assert_close(run(q, k + b_k, v), np.asarray(out, np.float64), rtol=2e-5)
+  sees_a_key = 1.0 if ids is None else np.asarray(ids != 0)[..., None, None]
+  _assert_close(run(q, k, v + b_v),
+                np.asarray(out + b_v * sees_a_key, np.float64), rtol=2e-5)
+  key = jax.random.PRNGKey(seed)
+  dropped = functools.partial(run, dropout_rate=0.5, dropout_rng=key,
+                              deterministic=False)
+  _assert_close(dropped(q, k + b_k, v), np.asarray(dropped(q, k, v),
+                                                   np.float64), rtol=2e-5)
+
+
+def test_value_bias_does_not_pass_through_dropout():
+  q, k, v = _qkv(np.random.default_rng(6), 1, 6, 6, 1, 4)
+  b_v = jnp.ones((1, 4), jnp.float32)
+  run = functools.partial(attend, dropout_rate=0.5,
+                          dropout_rng=jax.random.PRNGKey(0),
+                          deterministic=False)
+  assert np.abs(np.asarray(run(q, k, v + b_v) - run(q, k, v) - b_v)).max() > 0.1
+
+
 def test_causal_follows_jax_is_causal_and_first_row_sees_one_key():
   """The mask `jax.nn.dot_product_attention(is_causal=True)` applies (the
   cuDNN path passes it that way), and query 0 sees key 0 alone."""
