@@ -76,8 +76,9 @@ class AttentionBlock(nn.Module):
 
   @nn.nowrap
   def project_qkv(self, x):
-    """[B, T, H] → query, key, value [B, T, N, D]: three `layers.Dense`
-    named "query", "key" and "value".
+    """[B, T, H] → query, key, value [B, T, N, D] and the value's bias
+    [N, D], not yet added: three `layers.Dense` named "query", "key" and
+    "value".
 
     The key's bias is never added: it shifts every logit of a query row by
     the same q·b_k, which softmax removes (with any mask, causal or not, and
@@ -89,8 +90,8 @@ class AttentionBlock(nn.Module):
 
     A seam for experiments/benchmarks/step_fixes.py, which replaces it on
     the class while a step is traced to time other ways of computing the
-    same three from the same parameters. Not wrapped by Flax: it runs as
-    part of `__call__`, with the same names and ops as if written there.
+    same from the same parameters. Not wrapped by Flax: it runs as part of
+    `__call__`, with the same names and ops as if written there.
     """
     cfg = self.config
     kw = cfg.layer_kwargs
@@ -98,25 +99,47 @@ class AttentionBlock(nn.Module):
     qkv_axes = ("embed", "heads", "kv")
     q = layers.Dense(heads, qkv_axes, name="query", **kw)(x)
     k, _ = layers.Dense(heads, qkv_axes, name="key", **kw)(x, add_bias=False)
-    v = layers.Dense(heads, qkv_axes, name="value", **kw)(x)
-    return q, k, v
+    v, v_bias = layers.Dense(heads, qkv_axes, name="value", **kw)(
+        x, add_bias=False)
+    return q, k, v, v_bias
 
   @nn.compact
   def __call__(self, x, segment_ids, deterministic):
     """[B, T, H] → [B, T, H]; `segment_ids` [B, T], 0 = padding."""
     cfg = self.config
     kw = cfg.layer_kwargs
-    q, k, v = (_constrain(t, ("batch", "length", "heads", "kv"))
-               for t in self.project_qkv(x))
+    q, k, v, v_bias = self.project_qkv(x)
     dropout = cfg.attention_probs_dropout_prob
     needs_rng = not deterministic and dropout > 0.0
+    # On GPU: each query's probabilities sum to 1, so the value's bias
+    # comes out of attention unchanged and is added after the output
+    # projection, as b_v·W_o, in the fusion that adds the output's bias and
+    # the residual, instead of in a pass over [B, T, H] of its own
+    # (ALBERT-large, H100 target: 1.6 GB and 0.7 ms modelled a step). Not
+    # with dropout on the probabilities (they then no longer sum to 1).
+    # Query rows that see no key (padding: segment id 0) come out of
+    # attention as zeros and get no b_v·W_o, as before. The TPU compiler
+    # does worse with it at ALBERT-large (v5e: +8.0 GB a step, though base
+    # saves 4.8), so TPUs, and CPUs, add it to the values.
+    fold = not needs_rng and layers.compile_platform() == "gpu"
+    if not fold:
+      v = v + v_bias
+    q, k, v = (_constrain(t, ("batch", "length", "heads", "kv"))
+               for t in (q, k, v))
     context = attention_ops.dot_product_attention(
         q, k, v, segment_ids=segment_ids, dropout_rate=dropout,
         dropout_rng=self.make_rng("dropout") if needs_rng else None,
         deterministic=deterministic, impl=cfg.attention_impl,
         causal=cfg.causal, right_padded=self.right_padded)
-    y = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
-                     name="output", **kw)(context)
+    output = layers.Dense((cfg.hidden_size,), ("heads", "kv", "embed"),
+                          contract=2, name="output", **kw)
+    y = output(context)
+    if fold:
+      value_bias, _ = output(v_bias, add_bias=False)  # [H] = b_v·W_o
+      if segment_ids is not None:
+        value_bias = value_bias * (segment_ids != 0)[..., None].astype(
+            value_bias.dtype)
+      y = y + value_bias
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     y = layers.LayerNorm(**cfg.norm_kwargs,
                          name="layer_norm")(x + y)

@@ -76,11 +76,11 @@ def key_bias():
   library = encoder.AttentionBlock.project_qkv
 
   def with_key_bias(block, x):
-    q, k, v = library(block, x)
+    q, k, v, v_bias = library(block, x)
     if block.is_initializing():
-      return q, k, v
+      return q, k, v, v_bias
     bias = block.variables["params"]["key"]["bias"]
-    return q, k + bias.astype(k.dtype), v
+    return q, k + bias.astype(k.dtype), v, v_bias
 
   return _patched(encoder.AttentionBlock, "project_qkv", with_key_bias)
 
@@ -117,9 +117,10 @@ def attention_two_arrays():
 
 def _fused_qkv(project_qkv):
   """`encoder.AttentionBlock.project_qkv` as one [H, 3H] matmul: the query,
-  key and value kernels (and biases) concatenated at trace time. Their
-  parameters stay the three Dense layers' (`project_qkv`, the library's,
-  creates them when the block is initialised)."""
+  key and value kernels concatenated at trace time, the query's bias added
+  and the value's returned, as the library's does. Their parameters stay
+  the three Dense layers' (`project_qkv`, the library's, creates them when
+  the block is initialised)."""
 
   def fused(block, x):
     if block.is_initializing():
@@ -130,17 +131,16 @@ def _fused_qkv(project_qkv):
     dtype = cfg.compute_dtype
     kernel = jnp.concatenate(
         [p["kernel"].astype(dtype).reshape(hidden, -1) for p in params], 1)
-    bias = jnp.concatenate([p["bias"].astype(dtype).reshape(-1)
-                            for p in params])
     x_in = x.astype(dtype)
     if layers.compile_platform() == "cpu":  # pylint: disable=protected-access
       y = layers._cpu_matmul(  # pylint: disable=protected-access
           x_in, kernel, 1, jax.config.jax_default_matmul_precision)
     else:
       y = x_in @ kernel
-    y = (y + bias).reshape(
-        x.shape[:-1] + (3, cfg.num_attention_heads, cfg.head_dim))
-    return tuple(y[..., i, :, :] for i in range(3))
+    y = y.reshape(x.shape[:-1] + (3, cfg.num_attention_heads, cfg.head_dim))
+    q, k, v = (y[..., i, :, :] for i in range(3))
+    return (q + params[0]["bias"].astype(dtype), k, v,
+            params[2]["bias"].astype(dtype))
 
   return fused
 

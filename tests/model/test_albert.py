@@ -206,6 +206,57 @@ def test_scanned_model_matches_unrolled_reference(name):
   assert_outputs_close(out, reference_forward(cfg, params, **_inputs()))
 
 
+@pytest.mark.parametrize("name", ["all", "none_bert_inner"])
+def test_gpu_formulation_matches_unrolled_reference(name, monkeypatch):
+  """Traced for a GPU, the attention block adds the value's bias after
+  attention (as b_v·W_o, not on padded rows); run here on CPU with every
+  bias random, it computes the textbook block's values, padding included."""
+  monkeypatch.setattr(layers, "compile_platform", lambda: "gpu")
+  cfg = PARITY_CONFIGS[name]
+  params = random_params(cfg)
+  model = Albert(cfg)
+  out = jit(lambda p, inputs: model.apply({"params": p}, **inputs,
+                                          deterministic=True))(
+                                              params, _inputs())
+  assert_outputs_close(out, reference_forward(cfg, params, **_inputs()))
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_attention_block_with_dropout_on_probabilities(platform, monkeypatch):
+  """With dropout on the attention probabilities the value's bias cannot
+  be added after attention (`AttentionBlock` adds it there on GPU
+  otherwise, as b_v·W_o): the block then equals the textbook block with
+  the same dropout mask, b_v added to the values, b_k to the keys."""
+  from albert_jax.ops import attention as attention_ops
+  monkeypatch.setattr(layers, "compile_platform", lambda: platform)
+  cfg = tiny(attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0)
+  p = random_params(cfg)["encoder"]["attention"]
+  p = jax.tree.map(lambda leaf: leaf[0], p)  # the one shared copy
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(BATCH, LENGTH, 12)),
+                  jnp.float32)
+  seen = {}
+  real = attention_ops.dot_product_attention
+
+  def recording(*args, **kwargs):
+    seen.update(kwargs)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(attention_ops, "dot_product_attention", recording)
+  block = encoder_lib.AttentionBlock(cfg)
+  got = block.apply({"params": p}, x, jnp.asarray(MASK), False,
+                    rngs={"dropout": jax.random.PRNGKey(7)})
+  assert seen["dropout_rng"] is not None and seen["dropout_rate"] == 0.5
+  nh, hd = cfg.num_attention_heads, 12 // cfg.num_attention_heads
+  q, k, v = (_linear(x, p[n]).reshape(BATCH, LENGTH, nh, hd)
+             for n in ("query", "key", "value"))
+  context = real(q, k, v, segment_ids=jnp.asarray(MASK), dropout_rate=0.5,
+                 dropout_rng=seen["dropout_rng"], deterministic=False)
+  y = (context.reshape(BATCH, LENGTH, 12) @ p["output"]["kernel"].reshape(
+      12, 12) + p["output"]["bias"])
+  want = _layer_norm(x + y, p["layer_norm"], cfg.layer_norm_eps)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_packed_sequence_equals_the_same_sequence_alone():
   cfg = PARITY_CONFIGS["all"]
   params = random_params(cfg)
