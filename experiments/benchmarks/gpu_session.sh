@@ -18,8 +18,10 @@
 # profiled step whose trace, HLO and the package's breakdown come back (on
 # the H200 of 2026-11-28 the step gained 4% on the H100's where the model
 # of its memory-bound kernels expected about 9%: the trace says where it
-# went); base/128/b128 against torch.compile; the Pallas kernels' tiles at
-# seq 128 (the sweeps of 2026-11-28 covered 512 and 2048). It calls python3
+# went; and the step since left out the key's bias and moved the value's
+# after attention, 1.8 ms modelled); base/128/b128 against torch.compile;
+# the Pallas kernels' tiles at seq 128 (the sweeps of 2026-11-28 covered
+# 512 and 2048, and the GPU tests now run the new backward tiles). It calls python3
 # directly (a shell wrapper once hung the first import) and puts the
 # checkout on PYTHONPATH rather than installing it.
 set -u
