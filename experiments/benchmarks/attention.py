@@ -98,6 +98,13 @@ def build(impl, mode, right_padded=False):
                                            impl=impl,
                                            right_padded=right_padded)
 
+  return jitted(forward, mode)
+
+
+def jitted(forward, mode):
+  """`forward(q, k, v, ids)` as a jitted call of (q, k, v, cotangent, ids):
+  its output ("fwd"), or its output and the gradients of q, k and v for
+  the cotangent ("fwd+bwd")."""
   if mode == "fwd":
     return jax.jit(lambda q, k, v, cotangent, ids: forward(q, k, v, ids))
 

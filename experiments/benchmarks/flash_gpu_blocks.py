@@ -35,7 +35,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import attention as attention_bench  # experiments/benchmarks/attention.py
-from albert_jax.ops import attention
 from albert_jax.ops import flash_gpu
 
 DEFAULT = flash_gpu.BlockSizes()
@@ -69,27 +68,14 @@ def label(sizes):
 
 
 def build(sizes, mode):
-  def forward(q, k, v, ids):
-    return flash_gpu.flash_attention(q, k, v, ids, block_sizes=sizes)
-  if mode == "fwd":
-    return jax.jit(lambda q, k, v, cotangent, ids: forward(q, k, v, ids))
-
-  def forward_backward(q, k, v, cotangent, ids):
-    out, vjp = jax.vjp(lambda q, k, v: forward(q, k, v, ids), q, k, v)
-    return out, vjp(cotangent)
-  return jax.jit(forward_backward)
+  return attention_bench.jitted(
+      lambda q, k, v, ids: flash_gpu.flash_attention(q, k, v, ids,
+                                                     block_sizes=sizes),
+      mode)
 
 
 def reference(impl, right_padded=False):
-  def forward(q, k, v, ids):
-    return attention.dot_product_attention(q, k, v, segment_ids=ids,
-                                           impl=impl,
-                                           right_padded=right_padded)
-
-  def forward_backward(q, k, v, cotangent, ids):
-    out, vjp = jax.vjp(lambda q, k, v: forward(q, k, v, ids), q, k, v)
-    return out, vjp(cotangent)
-  return jax.jit(forward_backward)
+  return attention_bench.build(impl, "fwd+bwd", right_padded)
 
 
 def max_error(got, want, ids):
