@@ -391,11 +391,12 @@ def test_toy_step_compiled_for_an_h100_counted_by_hand():
       k.runs * roofline.seconds(k, H100) for k in found))
 
 
-@pytest.mark.long
 @needs_gpu_compiler
 def test_cli_reports_an_h100_step():
   """`--compile_only --topology=h100`: the XLA:GPU compiler's memory, the
-  card's HBM and the kernel table, for a tiny bfloat16 ALBERT."""
+  card's HBM and the kernel table, for a tiny bfloat16 ALBERT. In the
+  default suite: the one test that traces the whole model for a GPU, where
+  its GPU-only paths run (a vmapped cuDNN call once broke its init)."""
   out = subprocess.run(
       [sys.executable, "-m", "albert_jax.main", "--config=configs/tiny.py",
        "--compile_only", "--topology=h100", "--config.batch_size=8",
