@@ -15,7 +15,6 @@ Shapes: B batch, T sequence, H hidden, E embedding.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
 import flax.linen as nn
@@ -215,21 +214,17 @@ def _stack_init(block: nn.Module, copies: int, hidden_size: int):
   Returns a pytree whose leaves carry a leading `layers` axis of size
   `copies`, with that axis added to their logical names.
   """
-  if isinstance(block, AttentionBlock):
-    # Only the parameters are kept, and they do not depend on how attention
-    # is computed: XLA's path takes the vmap over copies wherever its batch
-    # axis lands, where cuDNN's batching rule takes it only in front (a
-    # bias-free key or value projection of a shared input puts it inside).
-    block = block.clone(config=dataclasses.replace(block.config,
-                                                   attention_impl="xla"))
-
   def init(rng):
     dummy = jnp.zeros((1, 1, hidden_size), jnp.float32)
     def one(key):
       args = (dummy, None, True) if isinstance(block, AttentionBlock) else (
           dummy, True)
       return block.init(key, *args)["params"]
-    stacked = jax.vmap(one)(jax.random.split(rng, copies))
+    # A loop over the copies, not a vmap: the same draws, and each block
+    # traced as it runs (under a vmap, a bias-free key or value projection
+    # of the shared input carries its batch axis inside, which cuDNN's
+    # batching rule refuses).
+    stacked = jax.lax.map(one, jax.random.split(rng, copies))
     return nn.meta.add_axis(stacked, 0, {nn.PARTITION_NAME: "layers"})
   return init
 
