@@ -348,3 +348,22 @@ def test_memory_table_records_a_compile_that_takes_too_long(monkeypatch):
   assert record == {**case, "status": "timeout",
                     "error": "no result within 0 s"}
   assert records == {"base/32/fsdp/full/1": record}
+
+
+def test_tile_sweep_candidates_differ_and_lower_for_cuda(capsys):
+  """flash_gpu_blocks.py: the defaults first, every other candidate a
+  distinct BlockSizes changing one kernel's tiles, and --lower_only lowers
+  the forward candidates for CUDA (exit 0, one "lowers" line each)."""
+  import flash_gpu_blocks  # pylint: disable=g-import-not-at-top
+  from albert_jax.ops import flash_gpu  # pylint: disable=g-import-not-at-top
+  found = list(flash_gpu_blocks.candidates())
+  assert found[0] == ("default", flash_gpu.BlockSizes())
+  assert len({sizes for _, sizes in found}) == len(found) == 23
+  default = flash_gpu.BlockSizes()
+  for kind, sizes in found[1:]:
+    changed = {k for k, v in vars(sizes).items() if getattr(default, k) != v}
+    assert changed and all(("dq" in k or "dkv" in k) == (kind == "bwd")
+                           for k in changed), (kind, changed)
+  assert flash_gpu_blocks.main(["--lower_only", "--seqs", "256",
+                                "--kinds", "fwd", "--tokens", "512"]) == 0
+  assert capsys.readouterr().out.count(": lowers") == 8

@@ -74,10 +74,6 @@ def build(sizes, mode):
       mode)
 
 
-def reference(impl, right_padded=False):
-  return attention_bench.build(impl, "fwd+bwd", right_padded)
-
-
 def max_error(got, want, ids):
   """Largest |difference| over output and gradients, valid rows only."""
   keep = 1.0 if ids is None else np.asarray(ids != 0)[:, :, None, None]
@@ -94,9 +90,10 @@ def sweep(seq, args, deadline):
   fl = {m: attention_bench.flops(m, batch, args.heads, seq, args.head_dim)
         for m in attention_bench.MODES}
   rows = []
-  want = reference("xla")(*inputs)
+  want = attention_bench.build("xla", "fwd+bwd")(*inputs)
   # cuDNN beside them (given row lengths under --mask padded).
-  fn = reference("cudnn", right_padded=ids is not None)
+  fn = attention_bench.build("cudnn", "fwd+bwd",
+                             right_padded=ids is not None)
   seconds = attention_bench.time_call(fn, inputs, args.warmup, args.iters)
   rows.append(dict(seq=seq, kind="cudnn", sizes=None,
                    fwd_bwd_tflops=fl["fwd+bwd"] / seconds / 1e12,
